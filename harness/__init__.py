@@ -1,0 +1,1 @@
+"""harness: paged-vs-tagma vLLM serving benchmarks (config -> launcher -> workload -> client -> metrics -> report)."""

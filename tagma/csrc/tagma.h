@@ -1,0 +1,177 @@
+/* tagma range engine: C ABI.
+ *
+ * The physical KV cache is `num_blocks` blocks; block 0 is the null/pad block and is never handed out.
+ * A request owns an ordered list of contiguous ranges (extents) covering its logical blocks; logical
+ * block i maps to a physical block by range arithmetic. Blocks carry two separate counts: request
+ * references and cache references. A block is
+ *   free        when it has neither (it lives in the coalesced free list),
+ *   cache-only  when it has cache references but no request references (evictable, LRU order),
+ *   in use      when at least one request references it.
+ *
+ * Conventions
+ *   - Every function returns a tagma_status; TAGMA_OK (0) on success. On any error the engine's state is
+ *     unchanged and tagma_last_error() describes the failure. No C++ exception crosses this ABI.
+ *   - Engines are named by opaque 64-bit handles that are never reused; a destroyed or unknown handle
+ *     yields TAGMA_E_INVALID_HANDLE. Request ids are engine-assigned, never reused within an engine.
+ *   - Block ids are int32; positions, slots and counts of tokens are int64.
+ *
+ * Concurrency
+ *   - tagma_engine_create / tagma_engine_destroy and handle lookup are thread-safe (a global registry
+ *     guarded by a mutex).
+ *   - Calls on ONE engine must be serialized by the caller (the engine has no internal lock); calls on
+ *     different engines may run concurrently, except destroying an engine while another thread uses it.
+ *   - tagma_slot_mapping_ranges, tagma_slot_mapping_paged and tagma_coord_offset are pure functions over
+ *     caller buffers: reentrant and safe to call concurrently from any thread.
+ *   - tagma_last_error() returns a thread-local string valid until the next tagma call on that thread.
+ */
+#ifndef TAGMA_H
+#define TAGMA_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef int32_t tagma_status;
+
+#define TAGMA_OK 0
+#define TAGMA_E_INVALID_ARG 1     /* bad argument: zero/negative count, null pointer, unknown policy */
+#define TAGMA_E_INVALID_HANDLE 2  /* unknown or destroyed engine handle */
+#define TAGMA_E_NOT_FOUND 3       /* unknown or released request id */
+#define TAGMA_E_NO_SPACE 4        /* not enough free + evictable blocks */
+#define TAGMA_E_MISALIGNED 5      /* count not a multiple of the engine's alignment */
+#define TAGMA_E_OUT_OF_RANGE 6    /* block id or coordinate outside its bounds */
+#define TAGMA_E_OVERFLOW 7        /* arithmetic would overflow int64 */
+#define TAGMA_E_STATE 8           /* operation not valid for the block's state (e.g. attach a free block) */
+#define TAGMA_E_INTERNAL 9        /* allocation failure or broken invariant inside the engine */
+
+/* Placement policy for a NEW range (in-place growth of the last range is always tried first). */
+#define TAGMA_POLICY_FIRST_FIT 0  /* lowest-addressed free range that fits */
+#define TAGMA_POLICY_BEST_FIT 1   /* smallest free range that fits (ties: lowest address) */
+#define TAGMA_POLICY_HEADROOM 2   /* largest free range; when it does not start at block 1 the new range is
+                                     placed in its middle, leaving growth room for both neighbours */
+
+typedef uint64_t tagma_engine_handle;
+
+typedef struct tagma_stats {
+    int64_t num_blocks;          /* total, including the null block 0 */
+    int64_t usable_blocks;       /* blocks that can ever be handed out */
+    int64_t free_blocks;         /* in the free list */
+    int64_t cached_only_blocks;  /* evictable */
+    int64_t used_blocks;         /* referenced by at least one request */
+    int64_t free_ranges;         /* number of ranges in the free list */
+    int64_t largest_free_range;  /* blocks */
+    double external_fragmentation; /* 1 - largest_free_range / free_blocks; 0 when no block is free */
+    int64_t live_requests;
+    int64_t total_request_ranges; /* sum over live requests of their number of ranges */
+    int64_t max_request_ranges;
+    /* Cumulative counters since creation. */
+    int64_t in_place_growths;    /* appends that extended the last range in place (fully or partly) */
+    int64_t new_ranges;          /* ranges started elsewhere */
+    int64_t merges;              /* a new or attached range that turned out adjacent and merged */
+    int64_t evictions;           /* cache-only blocks evicted */
+    int64_t appended_blocks;     /* blocks handed out by append */
+} tagma_stats;
+
+/* Coordinate layout of a KV cache: n(layer, block, token) = (layer * num_blocks + block) * block_size + token,
+ * offset = n * bytes_per_token. */
+typedef struct tagma_coord_layout {
+    int64_t num_layers;
+    int64_t num_blocks;
+    int64_t block_size;       /* tokens per block */
+    int64_t bytes_per_token;
+} tagma_coord_layout;
+
+const char *tagma_last_error(void);
+const char *tagma_version(void);
+
+/* num_blocks >= 2 (block 0 is null). align >= 1: starts and counts of allocated ranges are multiples of
+ * align (the usable space then starts at block `align`). */
+tagma_status tagma_engine_create(int64_t num_blocks, int64_t align, int32_t policy, tagma_engine_handle *out);
+tagma_status tagma_engine_destroy(tagma_engine_handle h);
+tagma_status tagma_engine_set_policy(tagma_engine_handle h, int32_t policy);
+tagma_status tagma_engine_stats(tagma_engine_handle h, tagma_stats *out);
+
+/* Requests. A new request owns no blocks. */
+tagma_status tagma_request_create(tagma_engine_handle h, uint64_t *out_request);
+/* Drops the request's references in reverse logical order: blocks left unreferenced become cache-only
+ * (appended to the LRU tail in that order, so a request's last blocks are evicted first) or free
+ * (coalesced into the free list). The request id is then invalid. */
+tagma_status tagma_request_release(tagma_engine_handle h, uint64_t request);
+
+/* Append `count` new blocks (count > 0, multiple of align) to the request's logical end. In-place growth of
+ * the last range first (as many of the free blocks right after it as needed), then one new range placed by
+ * the policy, or, when no free range is large enough, several ranges taken largest-first. When free
+ * blocks are fewer than `count`, exactly (count - free) cache-only blocks are evicted in LRU order first.
+ * Fails with TAGMA_E_NO_SPACE, changing nothing, when free + cache-only < count.
+ * new_blocks_out (nullable, capacity count) receives the physical ids of the appended blocks in logical
+ * order; evicted_out (nullable, capacity count) receives the evicted block ids in eviction order;
+ * *num_evicted (nullable) their number. */
+tagma_status tagma_request_append(tagma_engine_handle h, uint64_t request, int64_t count, int32_t *new_blocks_out,
+                                  int32_t *evicted_out, int64_t *num_evicted);
+
+/* Append existing blocks (in use by another request, or cache-only) to the request's logical end, taking a
+ * request reference on each; consecutive ids form one range. A cache-only block leaves the LRU. Fails on a
+ * free block, the null block, an id out of range, or a block the request already holds. */
+tagma_status tagma_request_attach(tagma_engine_handle h, uint64_t request, const int32_t *block_ids, int64_t count);
+
+tagma_status tagma_request_num_blocks(tagma_engine_handle h, uint64_t request, int64_t *out);
+tagma_status tagma_request_num_ranges(tagma_engine_handle h, uint64_t request, int64_t *out);
+/* Copies up to `capacity` ranges as (physical_start, num_blocks, first_logical_block) int32 triples into
+ * `out` (3 * capacity int32). *num_ranges receives the total number of ranges even when it exceeds
+ * capacity (then only `capacity` are written and TAGMA_OK is returned). */
+tagma_status tagma_request_ranges(tagma_engine_handle h, uint64_t request, int32_t *out, int64_t capacity,
+                                  int64_t *num_ranges);
+/* Physical id of logical block `logical` (range arithmetic, O(log ranges)). */
+tagma_status tagma_request_block(tagma_engine_handle h, uint64_t request, int64_t logical, int32_t *out);
+/* Physical ids of logical blocks [first, first + count) into out (capacity count). */
+tagma_status tagma_request_blocks(tagma_engine_handle h, uint64_t request, int64_t first, int64_t count,
+                                  int32_t *out);
+
+/* Cache references. mark: each block must be in use or cache-only; its cache count goes up by one.
+ * unmark: each block's cache count must be positive; it goes down by one and a block left with no
+ * reference becomes free. All-or-nothing: on error no block is changed. */
+tagma_status tagma_cache_mark(tagma_engine_handle h, const int32_t *block_ids, int64_t count);
+tagma_status tagma_cache_unmark(tagma_engine_handle h, const int32_t *block_ids, int64_t count);
+/* Evict up to max_blocks cache-only blocks in LRU order (their cache counts drop to zero; they become
+ * free). out (capacity max_blocks, nullable) receives their ids; *num_evicted their number. */
+tagma_status tagma_cache_evict(tagma_engine_handle h, int64_t max_blocks, int32_t *out, int64_t *num_evicted);
+/* Drop every cache reference (cache-only blocks become free). *num_dropped (nullable): blocks that had one. */
+tagma_status tagma_cache_clear(tagma_engine_handle h, int64_t *num_dropped);
+/* Per-block state for inspection and tests: req_refs[b], cache_refs[b] for b in [0, num_blocks)
+ * (either pointer nullable; capacity num_blocks). */
+tagma_status tagma_block_state(tagma_engine_handle h, int32_t *req_refs, int32_t *cache_refs, int64_t capacity);
+/* Free ranges in address order as (start, count) int32 pairs; semantics of capacity as tagma_request_ranges. */
+tagma_status tagma_free_ranges(tagma_engine_handle h, int32_t *out, int64_t capacity, int64_t *num_ranges);
+/* Cache-only blocks in LRU order (next to evict first); capacity semantics as above. */
+tagma_status tagma_lru_order(tagma_engine_handle h, int32_t *out, int64_t capacity, int64_t *num_blocks);
+/* Histogram of ranges per live request: out[k] = number of live requests with k ranges, for
+ * k in [0, capacity - 1]; requests with >= capacity - 1 ranges count in the last bucket. */
+tagma_status tagma_ranges_histogram(tagma_engine_handle h, int64_t *out, int64_t capacity);
+
+/* Slot mapping over buffers (pure). Request r owns ranges [req_range_offsets[r], req_range_offsets[r+1]) of
+ * `ranges` (int32 triples (physical_start, num_blocks, first_logical_block), ordered by logical block,
+ * contiguous in logical space from 0). Its tokens are [query_start_loc[r], query_start_loc[r+1]) of
+ * `positions`. out[t] = physical_block(pos / block_size) * block_size + pos % block_size, or -1 when pos
+ * lies past the request's blocks. out has num_tokens = query_start_loc[num_reqs] entries; entries of out
+ * in [query_start_loc[num_reqs], out_len) are set to -1 (vLLM's padding). */
+tagma_status tagma_slot_mapping_ranges(const int32_t *ranges, const int32_t *req_range_offsets, int64_t num_reqs,
+                                       const int32_t *query_start_loc, const int64_t *positions,
+                                       int64_t block_size, int64_t *out, int64_t out_len);
+/* The paged reference: the same output through a dense block table [num_reqs, max_blocks_per_req] (row r
+ * valid for its first num_blocks_per_req[r] entries). */
+tagma_status tagma_slot_mapping_paged(const int32_t *block_table, int64_t max_blocks_per_req,
+                                      const int32_t *num_blocks_per_req, int64_t num_reqs,
+                                      const int32_t *query_start_loc, const int64_t *positions,
+                                      int64_t block_size, int64_t *out, int64_t out_len);
+
+/* Coordinate map with bounds and overflow checks. */
+tagma_status tagma_coord_offset(const tagma_coord_layout *layout, int64_t layer, int64_t block, int64_t token,
+                                int64_t *out_offset);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TAGMA_H */
