@@ -10,7 +10,7 @@ ENGINE_LIB := tagma/_lib/libtagma.so
 CSRC := $(wildcard tagma/csrc/*.h tagma/csrc/*.cpp tagma/csrc/CMakeLists.txt tagma/csrc/tests/*.cpp tagma/csrc/tests/*.h)
 JOBS ?= 2
 
-.PHONY: setup engine test test-fast test-cpp sanitize lint clean
+.PHONY: setup engine tiny-model test test-fast test-cpp sanitize lint clean
 
 setup: $(SETUP_STAMP) $(ENGINE_LIB)
 
@@ -31,13 +31,17 @@ $(ENGINE_LIB): $(CSRC)
 	cmake --build build/release -j$(JOBS)
 	mkdir -p tagma/_lib && cp build/release/libtagma.so $@
 
+# A 2-layer Llama with seeded random weights and a tokenizer trained on ShareGPT, in data/tiny-llama.
+tiny-model: setup
+	$(PY) -m harness.tiny_model
+
 test-cpp: $(ENGINE_LIB)
 	build/release/tagma_tests
 
-test: setup test-cpp
+test: setup tiny-model test-cpp
 	$(PY) -m pytest tests
 
-test-fast: setup test-cpp
+test-fast: setup tiny-model test-cpp
 	$(PY) -m pytest tests -m "not slow"
 
 sanitize:

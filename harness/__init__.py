@@ -1,1 +1,4 @@
-"""harness: paged-vs-tagma vLLM serving benchmarks (config -> launcher -> workload -> client -> metrics -> report)."""
+"""harness: paged-vs-tagma vLLM serving benchmarks.
+
+Data flows config -> launcher -> workload -> client -> metrics -> report.
+"""
