@@ -1,0 +1,40 @@
+// Evictable (cache-only) blocks in LRU order: an intrusive doubly linked list over block ids, like vLLM's
+// FreeKVCacheBlockQueue. Every operation is O(1).
+#ifndef TAGMA_LRU_H
+#define TAGMA_LRU_H
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace tagma {
+
+class Lru {
+ public:
+  explicit Lru(int32_t num_blocks);
+
+  bool contains(int32_t block) const { return next_[static_cast<size_t>(block)] != kNotListed; }
+  int64_t size() const { return size_; }
+  // The next block to evict; requires size() > 0.
+  int32_t front() const { return next_[sentinel()]; }
+  // The block after `block` in eviction order, or -1 after the last one.
+  int32_t next(int32_t block) const;
+
+  void push_back(int32_t block);   // becomes the last to evict
+  void push_front(int32_t block);  // becomes the next to evict
+  void remove(int32_t block);
+
+ private:
+  static constexpr int32_t kNotListed = -1;
+  size_t sentinel() const { return prev_.size() - 1; }
+  void link(int32_t block, int32_t before, int32_t after);
+
+  // Index num_blocks is the sentinel of the circular list.
+  std::vector<int32_t> prev_;
+  std::vector<int32_t> next_;
+  int64_t size_ = 0;
+};
+
+}  // namespace tagma
+
+#endif  // TAGMA_LRU_H

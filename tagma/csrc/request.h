@@ -1,0 +1,59 @@
+// A request's logical-to-physical block map as a list of contiguous physical ranges.
+#ifndef TAGMA_REQUEST_H
+#define TAGMA_REQUEST_H
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <vector>
+
+namespace tagma {
+
+struct Range {
+  int32_t start;          // first physical block
+  int32_t count;          // number of blocks
+  int32_t first_logical;  // logical index of `start` within the request
+  int32_t end() const { return start + count; }
+};
+
+// Ranges are ordered by logical block and contiguous in logical space from 0. Consecutive ranges are
+// never physically adjacent: such a range is merged into its predecessor.
+class Request {
+ public:
+  const std::vector<Range>& ranges() const { return ranges_; }
+  int64_t num_ranges() const { return static_cast<int64_t>(ranges_.size()); }
+  int32_t num_blocks() const { return num_blocks_; }
+
+  // Physical block of logical block `logical`, which must be in [0, num_blocks()). O(log ranges).
+  int32_t physical(int64_t logical) const;
+  // Index of the range holding logical block `logical` in [0, num_blocks()). O(log ranges).
+  size_t range_index(int64_t logical) const;
+
+  // Appends physical blocks [start, start + count) at the logical end, merging into the last range when it
+  // ends at `start`. Returns whether it merged.
+  bool append_range(int32_t start, int32_t count);
+
+ private:
+  std::vector<Range> ranges_;
+  int32_t num_blocks_ = 0;
+};
+
+// How many live requests have each number of ranges: gives max_request_ranges and the histogram.
+class RangeCountStats {
+ public:
+  void add(int64_t ranges);
+  void remove(int64_t ranges);
+  void change(int64_t before, int64_t after);
+
+  int64_t total_ranges() const { return total_ranges_; }
+  int64_t max_ranges() const { return requests_by_ranges_.empty() ? 0 : requests_by_ranges_.rbegin()->first; }
+  const std::map<int64_t, int64_t>& requests_by_ranges() const { return requests_by_ranges_; }
+
+ private:
+  std::map<int64_t, int64_t> requests_by_ranges_;  // number of ranges -> number of requests (> 0)
+  int64_t total_ranges_ = 0;
+};
+
+}  // namespace tagma
+
+#endif  // TAGMA_REQUEST_H
