@@ -10,7 +10,7 @@ ENGINE_LIB := tagma/_lib/libtagma.so
 CSRC := $(wildcard tagma/csrc/*.h tagma/csrc/*.cpp tagma/csrc/CMakeLists.txt tagma/csrc/tests/*.cpp tagma/csrc/tests/*.h)
 JOBS ?= 2
 
-.PHONY: setup engine tiny-model test test-fast test-cpp sanitize lint clean
+.PHONY: setup engine tiny-model test test-fast test-cpp sanitize lint clean bench-cpu bench-cpu-128k bench-gpu
 
 setup: $(SETUP_STAMP) $(ENGINE_LIB)
 
@@ -29,7 +29,8 @@ engine: $(ENGINE_LIB)
 $(ENGINE_LIB): $(CSRC)
 	cmake -S tagma/csrc -B build/release -DCMAKE_BUILD_TYPE=Release > /dev/null
 	cmake --build build/release -j$(JOBS)
-	mkdir -p tagma/_lib && cp build/release/libtagma.so $@
+	@# copy then rename: a process that has the old library mapped keeps its inode and does not crash
+	mkdir -p tagma/_lib && cp build/release/libtagma.so $@.tmp && mv -f $@.tmp $@
 
 # A 2-layer Llama with seeded random weights and a tokenizer trained on ShareGPT, in data/tiny-llama.
 tiny-model: setup
@@ -48,6 +49,22 @@ sanitize:
 	cmake -S tagma/csrc -B build/sanitize -DCMAKE_BUILD_TYPE=Debug -DTAGMA_SANITIZE=ON > /dev/null
 	cmake --build build/sanitize -j$(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 build/sanitize/tagma_tests
+
+# The main job: paged vs tagma on the tiny model, real 16K ShareGPT prompts, ABBA repeats (~20 min here).
+# Hydra overrides pass through: make bench-cpu ARGS="load.request_rate=0.2 run.repeats=3"
+bench-cpu: setup
+	$(PY) -m harness.main $(ARGS)
+
+# Opt-in 128K on CPU: a handful of requests, hours on this machine; never in CI.
+bench-cpu-128k: setup
+	$(PY) -m harness.main server=cpu_128k workload=sharegpt_128k_cpu $(ARGS)
+
+# The GPU profile: a real model by path, 16K then 128K at full size. make bench-gpu MODEL=/path/to/checkpoint
+bench-gpu: setup
+	$(PY) -m harness.gpu_check
+	@test -n "$(MODEL)" || { echo "bench-gpu: give the checkpoint directory, MODEL=/path/to/model"; exit 2; }
+	$(PY) -m harness.main model=llama31_8b_gpu model.path=$(MODEL) server=gpu workload=sharegpt_16k $(ARGS)
+	$(PY) -m harness.main model=llama31_8b_gpu model.path=$(MODEL) server=gpu workload=sharegpt_128k $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check tagma harness tests

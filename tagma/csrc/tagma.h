@@ -9,6 +9,12 @@
  *   in use      when at least one request references it.
  *
  * Conventions
+ *   - Counts of blocks passed in (append, attach, mark, unmark, request_blocks, cache_evict's max_blocks)
+ *     must be > 0: zero or negative is TAGMA_E_INVALID_ARG. Capacities of output buffers may be 0.
+ *   - The null block 0 or an id listed twice in one attach is TAGMA_E_STATE; ids outside [0, num_blocks)
+ *     are TAGMA_E_OUT_OF_RANGE. mark/unmark count a repeated id once per occurrence.
+ *   - After TAGMA_E_INTERNAL (an allocation failure mid-update) the engine is marked broken and every
+ *     later call on it returns TAGMA_E_INTERNAL; only destroy still works.
  *   - Every function returns a tagma_status; TAGMA_OK (0) on success. On any error the engine's state is
  *     unchanged and tagma_last_error() describes the failure. No C++ exception crosses this ABI.
  *   - Engines are named by opaque 64-bit handles that are never reused; a destroyed or unknown handle
@@ -104,7 +110,9 @@ tagma_status tagma_request_release(tagma_engine_handle h, uint64_t request);
  * the last range first (as many of the free blocks right after it as needed), then one new range placed by
  * the policy, or, when no free range is large enough, several ranges taken largest-first. When free
  * blocks are fewer than `count`, exactly (count - free) cache-only blocks are evicted in LRU order first.
- * Fails with TAGMA_E_NO_SPACE, changing nothing, when free + cache-only < count.
+ * Fails with TAGMA_E_NO_SPACE, changing nothing, when free + cache-only < count. With align > 1 it may also
+ * fail when the (count - free) evictions leave no aligned room for the remainder; those evictions are then
+ * undone exactly (LRU order and cache counts restored). 
  * new_blocks_out (nullable, capacity count) receives the physical ids of the appended blocks in logical
  * order; evicted_out (nullable, capacity count) receives the evicted block ids in eviction order;
  * *num_evicted (nullable) their number. */
@@ -154,7 +162,8 @@ tagma_status tagma_ranges_histogram(tagma_engine_handle h, int64_t *out, int64_t
  * `ranges` (int32 triples (physical_start, num_blocks, first_logical_block), ordered by logical block,
  * contiguous in logical space from 0). Its tokens are [query_start_loc[r], query_start_loc[r+1]) of
  * `positions`. out[t] = physical_block(pos / block_size) * block_size + pos % block_size, or -1 when pos
- * lies past the request's blocks. out has num_tokens = query_start_loc[num_reqs] entries; entries of out
+ * lies past the request's blocks. query_start_loc[0] must be 0 and both offset arrays non-decreasing; a
+ * negative position is TAGMA_E_OUT_OF_RANGE. Everything is validated before `out` is written. out has num_tokens = query_start_loc[num_reqs] entries; entries of out
  * in [query_start_loc[num_reqs], out_len) are set to -1 (vLLM's padding). */
 tagma_status tagma_slot_mapping_ranges(const int32_t *ranges, const int32_t *req_range_offsets, int64_t num_reqs,
                                        const int32_t *query_start_loc, const int64_t *positions,
