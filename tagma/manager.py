@@ -1,0 +1,185 @@
+"""The tagma KV cache manager: vLLM's ``KVCacheManager`` with placement by the tagma range engine.
+
+The whole scheduler-facing contract (coordinator, single-type manager, hashing, ``KVCacheBlock`` objects,
+prefix-cache map, events, stats) is inherited from the installed vLLM. After vLLM builds it, the block pool
+becomes a :class:`~tagma.block_pool.TagmaBlockPool` (the same object, converted in place) backed by one
+:class:`~tagma.engine.RangeEngine`. The public calls that take or free a request's blocks (``allocate_slots``,
+``free``, ``pop_blocks_for_free``) tell the pool which request they are for. Only one full-attention KV cache
+group is supported.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any
+
+import numpy as np
+from vllm.v1.core.kv_cache_coordinator import KVCacheCoordinatorNoPrefixCache, UnitaryKVCacheCoordinator
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    EncoderOnlyAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupRole,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
+from vllm.v1.request import Request
+
+from tagma.block_pool import TagmaBlockPool
+from tagma.engine import I32Array, Policy, RangeEngine
+from tagma.telemetry import Telemetry
+
+__all__ = ["ENV_POLICY", "TagmaKVCacheManager", "resolve_policy", "unsupported_feature"]
+
+ENV_POLICY = "TAGMA_PLACEMENT"
+# Headroom by default: under interleaved decode best/first fit place each new request right after the
+# previous one, so no request can grow in place (measured: one range per block); headroom keeps one range.
+DEFAULT_POLICY = "headroom"
+
+_SIGNATURE = inspect.signature(KVCacheManager.__init__)
+
+# Most specific first: MLAAttentionSpec subclasses FullAttentionSpec.
+_SPEC_FEATURES: tuple[tuple[type, str], ...] = (
+    (MLAAttentionSpec, "MLA attention"),
+    (SlidingWindowSpec, "sliding window attention"),
+    (ChunkedLocalAttentionSpec, "chunked local attention"),
+    (MambaSpec, "mamba / linear attention state"),
+    (CrossAttentionSpec, "cross-attention"),
+    (EncoderOnlyAttentionSpec, "encoder-only attention"),
+)
+
+
+def resolve_policy(policy: str | int | Policy | None = None) -> Policy:
+    """The placement policy: the argument, else ``$TAGMA_PLACEMENT``, else headroom."""
+    if policy is None:
+        policy = os.environ.get(ENV_POLICY) or DEFAULT_POLICY
+    return Policy.parse(policy) if isinstance(policy, str) else Policy(policy)
+
+
+def unsupported_feature(kv_cache_config: KVCacheConfig, args: dict[str, Any]) -> str | None:
+    """The first configuration feature tagma does not support, or None.
+
+    ``args`` are ``KVCacheManager.__init__``'s arguments by name (defaults filled in).
+    """
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        return f"{len(groups)} KV cache groups (hybrid or multi-spec models); tagma needs exactly one"
+    group = groups[0]
+    spec = group.kv_cache_spec
+    if type(spec) is not FullAttentionSpec:
+        for cls, feature in _SPEC_FEATURES:
+            if isinstance(spec, cls):
+                return feature
+        return f"KV cache spec {type(spec).__name__}"
+    if group.role != KVCacheGroupRole.DEFAULT or group.host_resident or (
+        getattr(kv_cache_config, "hisparse_host_num_blocks", None) is not None
+    ):
+        return "HiSparse KV cache groups"
+    if group.is_eagle_group or args.get("use_eagle"):
+        return "EAGLE / MTP speculative decoding (use_eagle)"
+    if args.get("num_prefill_lookahead", 0) > 0:
+        return "speculative prefill lookahead (num_prefill_lookahead > 0)"
+    if args.get("dcp_world_size", 1) > 1:
+        return "decode context parallelism (dcp_world_size > 1)"
+    if args.get("pcp_world_size", 1) > 1:
+        return "prefill context parallelism (pcp_world_size > 1)"
+    if args.get("enable_caching", True) and args.get("hash_block_size") not in (None, spec.block_size):
+        return "hash_block_size != block_size (partial prefix-cache hits)"
+    return None
+
+
+class TagmaKVCacheManager(KVCacheManager):
+    """``KVCacheManager`` whose block placement comes from a tagma :class:`RangeEngine`.
+
+    Takes the installed vLLM's constructor arguments (passed through unchanged) plus ``placement_policy``
+    (``first_fit`` | ``best_fit`` | ``headroom``; default ``$TAGMA_PLACEMENT`` or headroom). Raises
+    ``ValueError("tagma: unsupported: <feature>")`` for configurations it cannot serve.
+    """
+
+    block_pool: TagmaBlockPool
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        *args: Any,
+        placement_policy: str | int | Policy | None = None,
+        **kwargs: Any,
+    ) -> None:
+        bound = _SIGNATURE.bind(self, kv_cache_config, max_model_len, *args, **kwargs)
+        bound.apply_defaults()
+        feature = unsupported_feature(kv_cache_config, bound.arguments)
+        if feature is not None:
+            raise ValueError(f"tagma: unsupported: {feature}")
+        policy = resolve_policy(placement_policy)
+
+        super().__init__(kv_cache_config, max_model_len, *args, **kwargs)
+
+        coordinator = self.coordinator
+        if type(coordinator) not in (UnitaryKVCacheCoordinator, KVCacheCoordinatorNoPrefixCache):
+            raise ValueError(f"tagma: unsupported: KV cache coordinator {type(coordinator).__name__}")
+        (manager,) = coordinator.single_type_managers
+        if type(manager) is not FullAttentionManager:
+            raise ValueError(f"tagma: unsupported: single-type manager {type(manager).__name__}")
+        pool = coordinator.block_pool
+        self.policy = policy
+        self.policy_name = policy.name.lower()
+        self.engine = RangeEngine(num_blocks=pool.num_gpu_blocks, policy=policy)
+        self.block_pool = TagmaBlockPool.adopt(pool, self.engine)
+        self.telemetry = Telemetry(self.engine, self.policy_name)
+
+    # ---- calls that take or free a request's blocks: the pool learns the request
+
+    def allocate_slots(self, request: Request, *args: Any, **kwargs: Any) -> KVCacheBlocks | None:
+        pool = self.block_pool
+        prev, pool._ctx = pool._ctx, request.request_id
+        try:
+            return super().allocate_slots(request, *args, **kwargs)
+        finally:
+            pool._ctx = prev
+
+    def free(self, request: Request) -> None:
+        pool = self.block_pool
+        prev = pool._ctx, pool._freeing
+        pool._ctx, pool._freeing = request.request_id, True
+        try:
+            super().free(request)
+        finally:
+            pool._ctx, pool._freeing = prev
+        pool.release_request(request.request_id)  # normally done by free_blocks already
+
+    def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
+        blocks = super().pop_blocks_for_free(request)
+        self.block_pool.defer_release(request.request_id, blocks)
+        return blocks
+
+    # ---- telemetry and inspection
+
+    def new_step_starts(self) -> None:
+        super().new_step_starts()
+        self.telemetry.on_step()
+
+    def telemetry_snapshot(self) -> dict[str, Any]:
+        """The telemetry record (same fields as a TAGMA_TELEMETRY_FILE line) for now."""
+        return self.telemetry.snapshot()
+
+    def engine_block_ids(self, request_id: str) -> I32Array:
+        """The engine's physical blocks of a request (logical order); empty when it holds none."""
+        eng = self.block_pool.engine_request(request_id)
+        if eng is None:
+            return np.empty(0, dtype=np.int32)
+        return self.engine.blocks(eng)
+
+    def engine_ranges(self, request_id: str) -> I32Array:
+        """The request's ranges as (physical_start, count, first_logical) rows."""
+        eng = self.block_pool.engine_request(request_id)
+        if eng is None:
+            return np.empty((0, 3), dtype=np.int32)
+        return self.engine.ranges_array(eng)
