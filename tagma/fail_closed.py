@@ -1,0 +1,163 @@
+"""Fail closed: the configurations tagma refuses, checked on the VllmConfig before any model loads.
+
+tagma serves exactly one full-attention KV cache group whose blocks a request only appends to, written
+through plain token-to-slot mappings. Everything else is refused with one line naming the feature. The
+KV cache manager (``tagma.manager``) repeats the group/spec checks on the real ``KVCacheConfig`` in the
+engine core as a backstop for what only model loading reveals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tagma.selector import CLI_FLAG, PAGED, SCHEDULER_QUALNAME, TagmaConfigError
+
+__all__ = ["check", "unsupported_features"]
+
+Check = Callable[[Any], str | None]
+
+
+def _mla(c: Any) -> str | None:
+    return "MLA attention (multi-head latent attention models)" if c.model_config.use_mla else None
+
+
+def _attention_free(c: Any) -> str | None:
+    if c.model_config.is_attention_free:
+        return "attention-free models (Mamba-style state, no KV cache)"
+    return None
+
+
+def _hybrid(c: Any) -> str | None:
+    return "Mamba/hybrid models (mixed attention and state layers)" if c.model_config.is_hybrid else None
+
+
+def _sliding_window(c: Any) -> str | None:
+    mc = c.model_config
+    window = mc.get_sliding_window()
+    layer_types = getattr(mc.hf_text_config, "layer_types", None) or ()
+    if window is not None or "sliding_attention" in layer_types:
+        return f"sliding-window attention (sliding_window={window})"
+    if getattr(mc, "rswa_window", None) is not None:
+        return f"sliding-window attention (rswa_window={mc.rswa_window})"
+    return None
+
+
+def _chunked_local(c: Any) -> str | None:
+    chunk = getattr(c.model_config, "attention_chunk_size", None)
+    return f"chunked local attention (attention_chunk_size={chunk})" if chunk is not None else None
+
+
+def _encoder_decoder(c: Any) -> str | None:
+    return "encoder-decoder models (cross-attention)" if c.model_config.is_encoder_decoder else None
+
+
+def _pooling(c: Any) -> str | None:
+    runner = c.model_config.runner_type
+    return f"pooling models (runner={runner})" if runner == "pooling" else None
+
+
+def _diffusion(c: Any) -> str | None:
+    if getattr(c, "diffusion_config", None) is not None or getattr(c.model_config, "is_diffusion", False):
+        return "diffusion language models (they bring their own scheduler)"
+    return None
+
+
+def _speculative(c: Any) -> str | None:
+    return "speculative decoding (--speculative-config)" if c.speculative_config is not None else None
+
+
+def _kv_connector(c: Any) -> str | None:
+    if c.cache_config.kv_offloading_size is not None:
+        return "KV cache offloading (--kv-offloading-size)"
+    if c.kv_transfer_config is not None:
+        connector = getattr(c.kv_transfer_config, "kv_connector", None)
+        return f"KV connectors (--kv-transfer-config, kv_connector={connector})"
+    return None
+
+
+def _context_parallel(c: Any) -> str | None:
+    pc = c.parallel_config
+    if pc.decode_context_parallel_size > 1:
+        size = pc.decode_context_parallel_size
+        return f"decode context parallelism (--decode-context-parallel-size {size})"
+    if pc.prefill_context_parallel_size > 1:
+        size = pc.prefill_context_parallel_size
+        return f"prefill context parallelism (--prefill-context-parallel-size {size})"
+    return None
+
+
+def _pipeline_parallel(c: Any) -> str | None:
+    size = c.parallel_config.pipeline_parallel_size
+    return f"pipeline parallelism (--pipeline-parallel-size {size}; untested)" if size > 1 else None
+
+
+def _elastic_ep(c: Any) -> str | None:
+    # Elastic EP swaps the workers' block tables out and back by copy, bypassing the row updates that
+    # keep tagma's range descriptors, and redirects KV writes to the null block during its warm-up.
+    if getattr(c.parallel_config, "enable_elastic_ep", False):
+        return "elastic expert parallelism (--enable-elastic-ep)"
+    return None
+
+
+def _custom_scheduler(c: Any) -> str | None:
+    cls = c.scheduler_config.scheduler_cls
+    if cls is None or cls == SCHEDULER_QUALNAME or _diffusion(c) is not None:
+        return None
+    name = cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
+    return f"a custom scheduler class (--scheduler-cls {name}); tagma installs its own"
+
+
+def _hisparse(c: Any) -> str | None:
+    hisparse = getattr(getattr(c, "attention_config", None), "hisparse_config", None)
+    return "HiSparse attention (host-resident KV cache groups)" if hisparse is not None else None
+
+
+def _prefix_match_unit(c: Any) -> str | None:
+    unit = getattr(c.cache_config, "prefix_match_unit", None)
+    block = c.cache_config.block_size
+    if unit is not None and unit != block:
+        return f"prefix-cache hits inside a block (prefix_match_unit={unit} != block_size={block})"
+    return None
+
+
+def _per_layer_kv_dtype(c: Any) -> str | None:
+    skipped = getattr(c.cache_config, "kv_cache_dtype_skip_layers", None)
+    if skipped and c.cache_config.cache_dtype != "auto":
+        return f"per-layer KV cache dtypes (kv_cache_dtype_skip_layers={list(skipped)})"
+    return None
+
+
+CHECKS: tuple[Check, ...] = (
+    _mla,
+    _attention_free,
+    _hybrid,
+    _sliding_window,
+    _chunked_local,
+    _encoder_decoder,
+    _pooling,
+    _diffusion,
+    _speculative,
+    _kv_connector,
+    _context_parallel,
+    _pipeline_parallel,
+    _elastic_ep,
+    _custom_scheduler,
+    _hisparse,
+    _prefix_match_unit,
+    _per_layer_kv_dtype,
+)
+
+
+def unsupported_features(vllm_config: Any) -> list[str]:
+    """Every feature of ``vllm_config`` that tagma refuses, in a fixed order."""
+    return [feature for check_one in CHECKS if (feature := check_one(vllm_config)) is not None]
+
+
+def check(vllm_config: Any) -> None:
+    """Raise :class:`TagmaConfigError` (one line) when ``vllm_config`` uses anything tagma refuses."""
+    features = unsupported_features(vllm_config)
+    if features:
+        raise TagmaConfigError(
+            f"tagma: unsupported: {'; '.join(features)}. Use {CLI_FLAG} {PAGED} for this configuration."
+        )

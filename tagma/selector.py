@@ -1,0 +1,75 @@
+"""The KV cache backend selector: `--kv-cache-backend {paged,tagma}` and its single source of truth.
+
+The choice lives in ``vllm_config.additional_config["kv_cache_backend"]``: vLLM ships that dict to every
+process (engine core, workers), so each one reads the same answer. The CLI flag is only a spelling of that
+entry; ``paged`` (stock vLLM) is the default when neither is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import Any, Final
+
+CONFIG_KEY: Final = "kv_cache_backend"
+PAGED: Final = "paged"
+TAGMA: Final = "tagma"
+BACKENDS: Final = (PAGED, TAGMA)
+CLI_FLAG: Final = "--kv-cache-backend"
+CLI_DEST: Final = "kv_cache_backend"
+# What scheduler_config.scheduler_cls names once tagma is selected (see tagma.scheduler).
+SCHEDULER_QUALNAME: Final = "tagma.scheduler.TagmaScheduler"
+
+
+class TagmaConfigError(ValueError):
+    """A configuration tagma refuses; its message is one line starting with ``tagma:``."""
+
+
+def add_cli_flag(parser: argparse.ArgumentParser) -> None:
+    """Add ``--kv-cache-backend`` to a vLLM engine-args parser (no-op when it is already there)."""
+    if any(CLI_FLAG in action.option_strings for action in parser._actions):
+        return
+    parser.add_argument(
+        CLI_FLAG,
+        dest=CLI_DEST,
+        choices=BACKENDS,
+        default=None,
+        help=f"KV cache backend: '{PAGED}' (default: stock vLLM) or '{TAGMA}' (contiguous ranges). "
+        f"Same as --additional-config '{{\"{CONFIG_KEY}\": \"{TAGMA}\"}}'.",
+    )
+
+
+def merge_cli_choice(additional_config: Any, cli_choice: str | None) -> Any:
+    """``additional_config`` with the CLI choice recorded; raises on a conflicting explicit entry."""
+    if cli_choice is None:
+        return additional_config
+    current = dict(additional_config or {})
+    explicit = current.get(CONFIG_KEY)
+    if explicit is not None and explicit != cli_choice:
+        raise TagmaConfigError(
+            f"tagma: conflicting KV cache backends: {CLI_FLAG} {cli_choice} but additional_config "
+            f"{CONFIG_KEY}={explicit!r}; give one of them"
+        )
+    current[CONFIG_KEY] = cli_choice
+    return current
+
+
+def backend_of(additional_config: Any) -> str:
+    """The backend named by an ``additional_config`` value (``paged`` when absent); validates it."""
+    value = additional_config.get(CONFIG_KEY) if isinstance(additional_config, Mapping) else None
+    if value is None:
+        return PAGED
+    if value not in BACKENDS:
+        raise TagmaConfigError(
+            f"tagma: unknown {CONFIG_KEY} {value!r}; expected one of: {', '.join(BACKENDS)}"
+        )
+    return value
+
+
+def selected_backend(vllm_config: Any) -> str:
+    """The backend a VllmConfig selects."""
+    return backend_of(getattr(vllm_config, "additional_config", None))
+
+
+def is_tagma(vllm_config: Any) -> bool:
+    return selected_backend(vllm_config) == TAGMA
