@@ -95,7 +95,8 @@ def telemetry_summary(run: dict) -> dict:
         out.update(
             ranges_per_request_mean_max=max((x["mean"] for x in rpr), default=None),
             ranges_per_request_p99_max=max((x["p99"] for x in rpr), default=None),
-            ranges_per_request_max=max((x["max"] for x in rpr), default=None),
+            ranges_per_request_max=final.get("peak_ranges_per_request"),
+            peak_live_requests=final.get("peak_live_requests"),
             in_place_growths=final.get("in_place_growths"),
             new_ranges=final.get("new_ranges"),
             evictions=final.get("evictions"),

@@ -44,7 +44,11 @@ def request_row(r: RequestResult) -> dict:
 
 def server_spec(cfg: BenchConfig, backend: str, run_dir: Path) -> ServerSpec:
     s = cfg.server
-    env = {**s.env, "TAGMA_TELEMETRY_FILE": str(run_dir / "tagma_telemetry.jsonl")}
+    env = {
+        **s.env,
+        "TAGMA_TELEMETRY_FILE": str(run_dir / "tagma_telemetry.jsonl"),
+        "TAGMA_TELEMETRY_INTERVAL_S": f"{cfg.run.telemetry_interval_s:g}",
+    }
     return ServerSpec(
         model=cfg.model.path,
         backend=backend,

@@ -1,7 +1,9 @@
 """Periodic placement telemetry of a tagma KV cache manager, as JSON lines.
 
 ``TAGMA_TELEMETRY_FILE`` names the file (appended to; unset: no file I/O at all) and
-``TAGMA_TELEMETRY_INTERVAL_S`` the minimum interval between two lines (default 1.0 s).
+``TAGMA_TELEMETRY_INTERVAL_S`` the minimum interval between two lines (default 1.0 s). Between lines the
+engine is still looked at every step, so ``peak_ranges_per_request`` and ``peak_live_requests`` (maxima
+since start) also cover requests that came and went between two lines.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tagma.engine import RangeEngine
+from tagma.engine import EngineStats, RangeEngine
 
 __all__ = ["Telemetry", "engine_snapshot"]
 
@@ -31,9 +33,9 @@ def _ranges_per_request(engine: RangeEngine, live: int, total: int, largest: int
     return {"mean": total / live, "p99": float(p99), "max": largest}
 
 
-def engine_snapshot(engine: RangeEngine, policy: str) -> dict[str, Any]:
+def engine_snapshot(engine: RangeEngine, policy: str, stats: EngineStats | None = None) -> dict[str, Any]:
     """One telemetry record of the engine's state now."""
-    s = engine.stats()
+    s = stats if stats is not None else engine.stats()
     return {
         "t": time.time(),
         "ranges_per_request": _ranges_per_request(
@@ -67,23 +69,33 @@ class Telemetry:
             interval_s if interval_s is not None else float(os.environ.get(ENV_INTERVAL, "1.0"))
         )
         self._next = 0.0
+        self.peak_ranges_per_request = 0
+        self.peak_live_requests = 0
 
-    def snapshot(self) -> dict[str, Any]:
-        return engine_snapshot(self.engine, self.policy)
+    def snapshot(self, stats: EngineStats | None = None) -> dict[str, Any]:
+        record = engine_snapshot(self.engine, self.policy, stats)
+        self.peak_ranges_per_request = max(self.peak_ranges_per_request, record["ranges_per_request"]["max"])
+        self.peak_live_requests = max(self.peak_live_requests, record["live_requests"])
+        record["peak_ranges_per_request"] = self.peak_ranges_per_request
+        record["peak_live_requests"] = self.peak_live_requests
+        return record
 
     def on_step(self) -> None:
-        """Called every scheduler step; cheap when no line is due."""
+        """Called every scheduler step: updates the peaks (one stats call), writes a line when one is due."""
         if self.path is None:
             return
+        stats = self.engine.stats()
+        self.peak_ranges_per_request = max(self.peak_ranges_per_request, stats.max_request_ranges)
+        self.peak_live_requests = max(self.peak_live_requests, stats.live_requests)
         now = time.monotonic()
         if now < self._next:
             return
         self._next = now + self.interval_s
-        self.write()
+        self.write(stats)
 
-    def write(self) -> None:
+    def write(self, stats: EngineStats | None = None) -> None:
         if self.path is None:
             return
-        line = json.dumps(self.snapshot(), separators=(",", ":"))
+        line = json.dumps(self.snapshot(stats), separators=(",", ":"))
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")

@@ -554,11 +554,12 @@ def test_telemetry_lines(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None
     expected = {
         "t", "ranges_per_request", "live_requests", "in_place_growths", "new_ranges", "merges", "evictions",
         "free_blocks", "cached_only_blocks", "used_blocks", "largest_free_range", "external_fragmentation",
-        "num_blocks", "policy",
+        "num_blocks", "policy", "peak_ranges_per_request", "peak_live_requests",
     }
     assert set(lines[-1]) == expected
     assert lines[-1]["live_requests"] == 1 and lines[-1]["used_blocks"] == 8
     assert lines[-1]["ranges_per_request"] == {"mean": 1.0, "p99": 1.0, "max": 1}
+    assert lines[-1]["peak_ranges_per_request"] == 1 and lines[-1]["peak_live_requests"] == 1
     assert lines[-1]["policy"] == "headroom" and lines[-1]["num_blocks"] == 32
     assert set(twin.tagma.telemetry_snapshot()) == expected
 

@@ -45,7 +45,8 @@ def _fake_run(root: Path, index: int, backend: str, scale: float, n: int = 40) -
         {"t_s": 1.0, "kv_cache_usage": 0.5, "server_rss_bytes": 2**31, "prefix_cache_queries": 10,
          "prefix_cache_hits": 0, "preemptions": 0,
          "tagma": {"live_requests": 3, "ranges_per_request": {"mean": 1.0, "p99": 1.0, "max": 1},
-                   "in_place_growths": 5, "new_ranges": 3, "evictions": 0, "external_fragmentation": 0.0}},
+                   "peak_ranges_per_request": 1, "in_place_growths": 5, "new_ranges": 3, "evictions": 0,
+                   "external_fragmentation": 0.0}},
     ])  # fmt: skip
     write_json(d / "summary.json", {"completed": n, "failed": 0, "output_throughput": 100.0 / scale,
                                     "request_throughput": 1.0 / scale, "mean_ttft_ms": 300.0 * scale})
@@ -76,6 +77,7 @@ def test_report_finds_the_slowdown_and_writes_everything(tmp_path: Path) -> None
     assert ab["mean_ttft_ms"]["verdict"] == "slower"
     assert ab["output_throughput"]["verdict"] == "lower"
     assert summary["backends"]["paged"]["repeats_ok"] == 2
+    assert summary["telemetry"]["01-tagma"]["ranges_per_request_max"] == 1
     assert "| mean_ttft_ms |" in md and "failed: `server: exited with code 1`" in md
     for png in ("latency_cdfs", "ab_ratios", "per_run", "kv_usage", "prompt_lengths"):
         assert (tmp_path / "plots" / f"{png}.png").stat().st_size > 1000
