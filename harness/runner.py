@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 from pathlib import Path
 
 from tqdm import tqdm
@@ -101,6 +102,7 @@ def run_one(cfg: BenchConfig, backend: str, index: int, workload: Workload, run_
     """One server lifetime. Returns its status dict (also written to status.json, last)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     status: dict = {"backend": backend, "index": index, "status": "failed", "reason": None}
+    status["loadavg_before"] = [round(x, 2) for x in os.getloadavg()]
     try:
         with Server(server_spec(cfg, backend, run_dir), run_dir / "server.log") as server:
             status.update(startup_s=server.startup_s, kv_capacity_tokens=server.kv_capacity_tokens)
@@ -127,6 +129,7 @@ def run_one(cfg: BenchConfig, backend: str, index: int, workload: Workload, run_
         status["reason"] = f"run exceeded run_timeout_s={cfg.run.run_timeout_s:.0f} s (server hung?)"
     except RunFailed as e:
         status["reason"] = str(e)
+    status["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     write_json(run_dir / "status.json", status)
     return status
 

@@ -60,7 +60,8 @@ def _meta(root: Path) -> None:
     write_json(root / "environment.json", {
         "cpu": "cpu", "cpu_count": 2, "gpus": [], "packages": {"vllm": "0.32.0", "torch": "2.13"},
         "git": {"commit": "abc", "dirty": False}})
-    write_json(root / "workload.json", {"spec": {"name": "w"}, "provenance": {"source": "s", "sha256": "ff"},
+    provenance = {"sharegpt": {"source": "s", "sha256": "ff", "conversations": 7}}
+    write_json(root / "workload.json", {"spec": {"name": "w"}, "provenance": provenance,
                                         "prompt_lengths": [100, 120, 140], "output_lengths": [8, 8, 8]})
 
 
@@ -78,6 +79,7 @@ def test_report_finds_the_slowdown_and_writes_everything(tmp_path: Path) -> None
     assert ab["output_throughput"]["verdict"] == "lower"
     assert summary["backends"]["paged"]["repeats_ok"] == 2
     assert summary["telemetry"]["01-tagma"]["ranges_per_request_max"] == 1
+    assert "s, 7 complete conversations recovered" in md
     assert "| mean_ttft_ms |" in md and "failed: `server: exited with code 1`" in md
     for png in ("latency_cdfs", "ab_ratios", "per_run", "kv_usage", "prompt_lengths"):
         assert (tmp_path / "plots" / f"{png}.png").stat().st_size > 1000
