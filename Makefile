@@ -7,10 +7,12 @@ PY := $(VENV)/bin/python
 TAGMA_VLLM ?= cpu
 SETUP_STAMP := $(VENV)/.tagma-setup-$(TAGMA_VLLM)
 ENGINE_LIB := tagma/_lib/libtagma.so
-CSRC := $(wildcard tagma/csrc/*.h tagma/csrc/*.cpp tagma/csrc/CMakeLists.txt tagma/csrc/tests/*.cpp tagma/csrc/tests/*.h)
+CSRC := $(wildcard tagma/csrc/*.h tagma/csrc/*.cpp tagma/csrc/*.map tagma/csrc/CMakeLists.txt tagma/csrc/tests/*.cpp \
+	tagma/csrc/tests/*.h tagma/csrc/bench/*.cpp)
 JOBS ?= 2
 
-.PHONY: setup engine tiny-model test test-fast test-cpp sanitize lint clean bench-cpu bench-cpu-128k bench-gpu
+.PHONY: setup engine tiny-model test test-fast test-cpp sanitize lint clean bench-cpu bench-cpu-128k bench-gpu \
+	bench-host bench-gpu-kernels
 
 setup: $(SETUP_STAMP) $(ENGINE_LIB)
 
@@ -59,15 +61,26 @@ bench-cpu: setup
 bench-cpu-128k: setup
 	$(PY) -m harness.main server=cpu_128k workload=sharegpt_128k_cpu $(ARGS)
 
-# The GPU profile: a real model by path, 16K then 128K at full size. make bench-gpu MODEL=/path/to/checkpoint
-bench-gpu: setup
+# Host-side cost of paged vs tagma against vLLM's own code (~1.5 min here); ARGS="size=smoke" for seconds.
+bench-host: setup
+	$(PY) -m benchmarks.host.main $(ARGS)
+
+# Triton kernel pairs (write path, decode attention) on a GPU; needs only torch + Triton, not vLLM.
+# KARGS e.g. "--contexts 16384 --batches 8", or "--dry-run" (tiny, on CPU under Triton's interpreter).
+KERNEL_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+bench-gpu-kernels:
+	$(KERNEL_PY) benchmarks/gpu_kernels.py $(KARGS)
+
+# The GPU profile: kernel pairs, then a real model by path, 16K then 128K at full size.
+# make bench-gpu MODEL=/path/to/checkpoint
+bench-gpu: setup bench-gpu-kernels
 	$(PY) -m harness.gpu_check
 	@test -n "$(MODEL)" || { echo "bench-gpu: give the checkpoint directory, MODEL=/path/to/model"; exit 2; }
 	$(PY) -m harness.main model=llama31_8b_gpu model.path=$(MODEL) server=gpu workload=sharegpt_16k $(ARGS)
 	$(PY) -m harness.main model=llama31_8b_gpu model.path=$(MODEL) server=gpu workload=sharegpt_128k $(ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check tagma harness tests
+	$(VENV)/bin/ruff check tagma harness tests benchmarks
 
 clean:
 	rm -rf build tagma/_lib

