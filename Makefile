@@ -12,7 +12,7 @@ CSRC := $(wildcard tagma/csrc/*.h tagma/csrc/*.cpp tagma/csrc/*.map tagma/csrc/C
 JOBS ?= 2
 
 .PHONY: setup engine tiny-model test test-fast test-cpp sanitize lint clean bench-cpu bench-cpu-128k bench-gpu \
-	bench-host bench-gpu-kernels
+	bench-host bench-gpu-kernels plots sweep sweep-report
 
 setup: $(SETUP_STAMP) $(ENGINE_LIB)
 
@@ -78,6 +78,25 @@ bench-gpu: setup bench-gpu-kernels
 	@test -n "$(MODEL)" || { echo "bench-gpu: give the checkpoint directory, MODEL=/path/to/model"; exit 2; }
 	$(PY) -m harness.main model=llama31_8b_gpu model.path=$(MODEL) server=gpu workload=sharegpt_16k $(ARGS)
 	$(PY) -m harness.main model=llama31_8b_gpu model.path=$(MODEL) server=gpu workload=sharegpt_128k $(ARGS)
+
+RUN ?= results/serve/latest
+SWEEP ?= rate
+
+# Every figure of a results dir (serve run, host-bench run or sweep), without Jupyter: make plots RUN=...
+plots: setup
+	$(PY) -m harness.plots_cli $(RUN)
+
+# One A/B per request rate (one server at a time), resumable: re-running the same SWEEP skips finished runs.
+# More axes: ARGS="workload=sharegpt_16k_cpu,sharegpt_natural"; multi-node: ARGS="+cluster=slurm
+# hydra.launcher.partition=gpu".
+sweep: setup tiny-model
+	$(PY) -m harness.main --config-name rate_sweep --multirun results_dir=$(CURDIR)/results/sweeps/$(SWEEP) \
+		'run_id=$${workload.name}-rate$${load.request_rate}' hydra.sweep.dir=$(CURDIR)/results/sweeps/$(SWEEP)/hydra \
+		$(ARGS)
+	$(PY) -m harness.sweep_report results/sweeps/$(SWEEP)
+
+sweep-report: setup
+	$(PY) -m harness.sweep_report results/sweeps/$(SWEEP)
 
 lint: setup
 	$(VENV)/bin/ruff check tagma harness tests benchmarks
