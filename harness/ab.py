@@ -110,6 +110,11 @@ def run_ratio_ci(
         mean_a = _finite(a.mean()) if len(a) else None
         mean_b = _finite(b.mean()) if len(b) else None
         return RatioCI(metric, mean_a, mean_b, None, None, None, "n/a", len(a), len(b))
+    if len(a) < 2 or len(b) < 2:  # one run per side has no spread: a ratio, but no interval or verdict
+        return RatioCI(
+            metric, float(a.mean()), float(b.mean()), float(b.mean() / a.mean()), None, None,
+            "n/a (needs >= 2 repeats)", len(a), len(b),
+        )  # fmt: skip
     rng = np.random.default_rng(seed)
     ra = rng.choice(a, size=(n_boot, len(a))).mean(axis=1)
     rb = rng.choice(b, size=(n_boot, len(b))).mean(axis=1)

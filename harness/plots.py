@@ -51,7 +51,7 @@ def ratio_intervals(ab: Sequence[Mapping], path: Path, title: str = "tagma / pag
     for i, r in enumerate(rows):
         lo, hi = r["ci_low"], r["ci_high"]
         color = VERDICT_COLORS.get(r["verdict"], "0.4")
-        err = [[r["ratio"] - lo], [hi - r["ratio"]]]
+        err = None if lo is None else [[r["ratio"] - lo], [hi - r["ratio"]]]  # no interval: a point
         ax.errorbar(r["ratio"], i, xerr=err, fmt="o", color=color, capsize=3)
     ax.axvline(1.0, color="k", lw=0.8)
     ax.set_yticks(range(len(rows)), [r["metric"] for r in rows])

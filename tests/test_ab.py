@@ -59,3 +59,5 @@ def test_run_ratio_ci_direction_for_throughput() -> None:
     ci = run_ratio_ci("output_throughput", [100.0, 120.0], [110.0, 105.0])
     assert ci.verdict == "parity"
     assert run_ratio_ci("x", [], [1.0]).verdict == "n/a"
+    single = run_ratio_ci("output_throughput", [100.0], [80.0])  # one repeat: no spread to judge by
+    assert single.ratio == pytest.approx(0.8) and single.ci_low is None and single.verdict.startswith("n/a")

@@ -86,6 +86,17 @@ def test_report_finds_the_slowdown_and_writes_everything(tmp_path: Path) -> None
     json.dumps(summary, allow_nan=False)  # no NaN anywhere
 
 
+def test_report_with_one_repeat_gives_ratios_without_run_level_verdicts(tmp_path: Path) -> None:
+    _meta(tmp_path)
+    _fake_run(tmp_path, 0, "paged", scale=1.0)
+    _fake_run(tmp_path, 1, "tagma", scale=1.25)
+    report.write_report(tmp_path, n_boot=200)
+    ab = {r["metric"]: r for r in read_json(tmp_path / "summary.json")["ab"]}
+    assert ab["output_throughput"]["ci_low"] is None and ab["output_throughput"]["verdict"].startswith("n/a")
+    assert ab["mean_ttft_ms"]["verdict"] == "slower"  # per-request samples still give an interval
+    assert (tmp_path / "plots" / "ab_ratios.png").exists()
+
+
 def test_resume_skips_finished_runs_and_retries_failed_ones(tmp_path: Path, monkeypatch) -> None:
     calls: list[tuple[int, str]] = []
 
