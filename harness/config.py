@@ -6,6 +6,7 @@ library code, which stays testable without Hydra.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,23 @@ from harness.launcher import BACKENDS
 from harness.workload import WorkloadSpec
 
 DEVICES = ("cpu", "cuda")
+DESIGNS = ("abba", "paired")
+ARM_NAMES = ("baseline", "candidate")
+DEFAULT_PRIMARY = ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "output_throughput")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One side of an A/B: its name in the report (baseline or candidate) and the backend it serves.
+
+    An A/A gives both arms the same backend; the names keep them apart in files and tables."""
+
+    name: str
+    backend: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.backend})"
 
 
 @dataclass(frozen=True)
@@ -47,6 +65,18 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
+    """How the A/B is run and judged.
+
+    ``design``: ``abba`` starts one server at a time, ``repeats`` lifetimes per arm in ABBA order (any
+    concurrency); ``paired`` keeps one server of each arm up at once and sends each prompt to both, one
+    request at a time, alternating which arm goes first, ``repeats`` rounds of fresh server pairs.
+    ``primary_metrics`` get a verdict under a family-wise (Holm) correction at level ``alpha``; every other
+    metric is descriptive. ``pin_client`` keeps the client off the cores vLLM binds its compute threads to.
+    ``host_time`` records in-server CPU time per scheduler step on both arms.
+    ``quiet_loadavg``: a run that starts with a 1-minute load average above this is flagged as under load.
+    """
+
+    design: str = "abba"
     repeats: int = 2
     seed: int = 0
     slos: dict[str, float] = field(default_factory=dict)  # ttft_ms / tpot_ms / e2el_ms limits
@@ -54,8 +84,18 @@ class RunConfig:
     run_timeout_s: float = 7200.0  # a run still going after this is a hung server: marked failed
     telemetry_interval_s: float = 1.0
     n_boot: int = 2000
+    primary_metrics: tuple[str, ...] = DEFAULT_PRIMARY
+    alpha: float = 0.05
+    pin_client: bool = True
+    host_time: bool = True
+    quiet_loadavg: float = 0.5
 
     def __post_init__(self) -> None:
+        if self.design not in DESIGNS:
+            raise ValueError(f"run.design must be one of {DESIGNS}, got {self.design!r}")
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"run.alpha must be in (0, 1), got {self.alpha}")
+        object.__setattr__(self, "primary_metrics", tuple(self.primary_metrics))
         if self.repeats < 1:
             raise ValueError(f"run.repeats must be >= 1, got {self.repeats}")
         for name in ("request_timeout_s", "run_timeout_s", "telemetry_interval_s"):
@@ -72,16 +112,42 @@ class BenchConfig:
     run: RunConfig
     out_dir: Path
     data_dir: Path
-    backends: tuple[str, str] = ("paged", "tagma")
+    backends: tuple[str, str] = ("paged", "tagma")  # (baseline, candidate); equal for an A/A
 
     def __post_init__(self) -> None:
-        if len(self.backends) != 2 or len(set(self.backends)) != 2 or not set(self.backends) <= set(BACKENDS):
-            raise ValueError(f"backends must be two distinct of {BACKENDS}, got {self.backends}")
-        if self.server.max_model_len is not None and self.workload.max_model_len > self.server.max_model_len:
+        if len(self.backends) != 2 or not set(self.backends) <= set(BACKENDS):
+            raise ValueError(
+                f"backends must be [baseline, candidate], each one of {BACKENDS} (equal for an A/A), "
+                f"got {list(self.backends)}"
+            )
+        if self.run.design == "paired" and (self.load.mode != "closed" or self.load.max_concurrency != 1):
+            raise ValueError(
+                "run.design=paired sends one request at a time to two live servers: use load=closed "
+                "load.max_concurrency=1 (use run.design=abba for concurrency > 1, where two live servers "
+                "would compete for the cores)"
+            )
+        wl, srv = self.workload.max_model_len, self.server.max_model_len
+        if srv is not None and wl is not None and wl > srv:
             raise ValueError(
                 f"workload needs max_model_len {self.workload.max_model_len} but the server allows "
                 f"{self.server.max_model_len}"
             )
+
+    @property
+    def arms(self) -> tuple[Arm, Arm]:
+        return Arm(ARM_NAMES[0], self.backends[0]), Arm(ARM_NAMES[1], self.backends[1])
+
+    @property
+    def is_aa(self) -> bool:
+        return self.backends[0] == self.backends[1]
+
+    def with_max_model_len(self, max_model_len: int) -> BenchConfig:
+        """This config with the server's context (and the workload's bound) set to ``max_model_len``."""
+        return dataclasses.replace(
+            self,
+            server=dataclasses.replace(self.server, max_model_len=max_model_len),
+            workload=dataclasses.replace(self.workload, max_model_len=max_model_len),
+        )
 
 
 def from_mapping(cfg: dict[str, Any]) -> BenchConfig:
@@ -96,7 +162,11 @@ def from_mapping(cfg: dict[str, Any]) -> BenchConfig:
         server=ServerConfig(**server),
         workload=WorkloadSpec.from_dict(workload),
         load=LoadSpec(**cfg["load"]),
-        run=RunConfig(**{**cfg["run"], "slos": dict(cfg["run"].get("slos") or {})}),
+        run=RunConfig(**{
+            **cfg["run"],
+            "slos": dict(cfg["run"].get("slos") or {}),
+            "primary_metrics": tuple(cfg["run"].get("primary_metrics") or DEFAULT_PRIMARY),
+        }),
         out_dir=Path(cfg["out_dir"]),
         data_dir=Path(cfg["data_dir"]),
         backends=tuple(cfg.get("backends", ("paged", "tagma"))),

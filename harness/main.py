@@ -15,19 +15,33 @@ from harness import report, tiny_model
 from harness.config import BenchConfig, from_mapping
 from harness.environment import environment
 from harness.files import point_latest, write_json, write_text_atomic
-from harness.runner import run_ab
+from harness.model_context import ContextError, model_context_limit, resolve_max_model_len
+from harness.runner import arms_without_a_run, run_ab
 from harness.workload import Workload, build_workload, clear_caches
 
 log = logging.getLogger("harness")
 
 
-def prepare(cfg: BenchConfig, resolved: dict) -> Workload:
+def resolve_context(cfg: BenchConfig) -> BenchConfig:
+    """The config with the server's context resolved against the model's own limit (before any server)."""
+    wl = cfg.workload
+    needed = wl.input_len.upper + wl.output_len.upper if wl.input_len.upper and wl.output_len.upper else None
+    limit = model_context_limit(Path(cfg.model.path))
+    chosen = resolve_max_model_len(cfg.server.max_model_len, limit, needed, cfg.model.name)
+    return cfg.with_max_model_len(chosen)
+
+
+def prepare(cfg: BenchConfig, resolved: dict) -> tuple[BenchConfig, Workload]:
+    """Record what the run is, build the model if asked, check the context, build the workload."""
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.model.build_tiny:
+        tiny_model.build(Path(cfg.model.path))
+    cfg = resolve_context(cfg)
+    resolved = {**resolved, "server": {**resolved["server"], "max_model_len": cfg.server.max_model_len},
+                "workload": {**resolved["workload"], "max_model_len": cfg.workload.max_model_len}}
     write_text_atomic(cfg.out_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(resolved)))
     write_json(cfg.out_dir / "config.json", resolved)
     write_json(cfg.out_dir / "environment.json", environment())
-    if cfg.model.build_tiny:
-        tiny_model.build(Path(cfg.model.path))
     workload = build_workload(cfg.workload, cfg.model.tokenizer_dir, cfg.data_dir / "workloads")
     clear_caches()  # the decoded dataset (~0.4 GB) is not needed while servers run
     write_json(
@@ -42,16 +56,22 @@ def prepare(cfg: BenchConfig, resolved: dict) -> Workload:
             "build_seconds": workload.build_seconds,
         },
     )
-    return workload
+    return cfg, workload
+
+
+class NoSuccessfulRun(RuntimeError):
+    """An arm had no successful run: there is nothing to compare (the report still says why)."""
 
 
 def run(cfg: BenchConfig, resolved: dict) -> Path:
-    workload = prepare(cfg, resolved)
+    cfg, workload = prepare(cfg, resolved)
     statuses = run_ab(cfg, workload)
     path = report.write_report(cfg.out_dir, n_boot=cfg.run.n_boot)
     point_latest(cfg.out_dir.parent / "latest", cfg.out_dir)
     ok = sum(s["status"] == "ok" for s in statuses)
     log.info("%d/%d runs ok; report: %s", ok, len(statuses), path)
+    if missing := arms_without_a_run(cfg, statuses):
+        raise NoSuccessfulRun(f"no successful run for {', '.join(missing)}; see {path}")
     return path
 
 
@@ -59,7 +79,11 @@ def run(cfg: BenchConfig, resolved: dict) -> Path:
 def main(dcfg: DictConfig) -> None:
     resolved = OmegaConf.to_container(dcfg, resolve=True, throw_on_missing=True)
     assert isinstance(resolved, dict)
-    path = run(from_mapping(resolved), resolved)
+    try:
+        path = run(from_mapping(resolved), resolved)
+    except (ContextError, NoSuccessfulRun) as err:
+        log.error("%s", err)
+        raise SystemExit(1) from None
     print(path.read_text())
 
 

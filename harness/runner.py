@@ -1,38 +1,60 @@
-"""One A/B serve run: for each repeat in ABBA order, start a server, warm it up, replay the workload, record.
+"""One A/B serve run, in either design (``run.design``):
+
+- ``abba``: one server at a time; each arm gets ``run.repeats`` server lifetimes in ABBA order (drift over
+  time hits both arms alike); each lifetime replays the whole workload with the configured load.
+- ``paired``: see :mod:`harness.paired`: both arms' servers up at once, each prompt sent to both, seconds
+  apart, ``run.repeats`` rounds of fresh server pairs.
 
 Layout of a run directory:
-  config.yaml, environment.json, workload.json          what was asked and on what
-  runs/NN-<backend>/server.log                           the server's own log
-  runs/NN-<backend>/requests.jsonl                       one line per request (times, tokens, errors)
-  runs/NN-<backend>/telemetry.jsonl                      /metrics, memory and tagma telemetry over time
-  runs/NN-<backend>/summary.json                         metrics of this run (vllm bench serve's keys +)
-  runs/NN-<backend>/status.json                          ok | failed with the reason; written last
-Re-running with the same run directory skips the runs whose status is ok (resume); failed ones are retried.
-A server that dies or hangs fails its run with the reason, and the remaining runs go on.
+  config.yaml, config.json, environment.json, workload.json   what was asked and on what
+  runs/NN-<arm>-<backend>/server.log                           the server's own log
+  runs/NN-<arm>-<backend>/requests.jsonl                       one line per request (times, tokens, errors)
+  runs/NN-<arm>-<backend>/telemetry.jsonl                      /metrics, memory and tagma telemetry over time
+  runs/NN-<arm>-<backend>/host_time.jsonl                      in-server CPU time per scheduler step
+  runs/NN-<arm>-<backend>/summary.json                         metrics of this run (vllm bench serve's keys +)
+  runs/NN-<arm>-<backend>/status.json                          ok | failed, the reason, noise; written last
+An arm is ``baseline`` or ``candidate`` (an A/A gives both the same backend). Re-running with the same run
+directory skips the runs whose status is ok (resume); failed ones are retried. A server that dies or hangs
+fails its run with the reason, and the remaining runs go on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
+import time
 from pathlib import Path
 
 from tqdm import tqdm
 
-from harness.ab import abba_order
 from harness.arrivals import arrival_offsets
 from harness.client import RequestResult, run_requests
-from harness.config import BenchConfig
+from harness.config import Arm, BenchConfig
 from harness.files import read_json, write_json, write_jsonl
 from harness.launcher import Server, ServerError, ServerSpec
 from harness.metrics import summarize
+from harness.noise import NoiseProbe, NoiseRecord, bound_cores, client_cores, loadavg_1min, pinned
 from harness.server_telemetry import TelemetrySampler
 from harness.workload import Workload
+from tagma import contract
 
 
 class RunFailed(RuntimeError):
     pass
+
+
+def abba_order(repeats: int, a: Arm, b: Arm) -> list[Arm]:
+    """A B B A A B B A ...: each arm `repeats` times, so drift over time hits both arms alike."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    order: list[Arm] = []
+    for i in range(repeats):
+        order += [a, b] if i % 2 == 0 else [b, a]
+    return order
+
+
+def run_dir_name(index: int, arm: Arm) -> str:
+    return f"{index:02d}-{arm.name}-{arm.backend}"
 
 
 def request_row(r: RequestResult) -> dict:
@@ -43,16 +65,18 @@ def request_row(r: RequestResult) -> dict:
     return row
 
 
-def server_spec(cfg: BenchConfig, backend: str, run_dir: Path) -> ServerSpec:
+def server_spec(cfg: BenchConfig, arm: Arm, run_dir: Path) -> ServerSpec:
     s = cfg.server
     env = {
         **s.env,
-        "TAGMA_TELEMETRY_FILE": str(run_dir / "tagma_telemetry.jsonl"),
-        "TAGMA_TELEMETRY_INTERVAL_S": f"{cfg.run.telemetry_interval_s:g}",
+        contract.ENV_TELEMETRY_FILE: str(run_dir / contract.TELEMETRY_FILE),
+        contract.ENV_TELEMETRY_INTERVAL_S: f"{cfg.run.telemetry_interval_s:g}",
     }
+    if cfg.run.host_time:
+        env[contract.ENV_HOST_TIME_FILE] = str(run_dir / contract.HOST_TIME_FILE)
     return ServerSpec(
         model=cfg.model.path,
-        backend=backend,
+        backend=arm.backend,
         dtype=s.dtype,
         max_model_len=s.max_model_len,
         kv_cache_space_gib=s.kv_cache_space_gib,
@@ -68,11 +92,116 @@ def run_is_done(run_dir: Path) -> bool:
     return status.exists() and read_json(status).get("status") == "ok"
 
 
-async def _replay(cfg: BenchConfig, server: Server, workload: Workload, bar: tqdm) -> tuple[list, float]:
+class ServerRun:
+    """One server lifetime recorded in one run directory: start, warm up, sample telemetry, write results.
+
+    Used as a context manager; the server is always stopped on exit. ``finish`` writes requests.jsonl,
+    telemetry.jsonl and summary.json; ``status`` is written by the caller through :meth:`write_status`.
+    """
+
+    def __init__(self, cfg: BenchConfig, arm: Arm, index: int, run_dir: Path) -> None:
+        self.cfg, self.arm, self.index, self.dir = cfg, arm, index, run_dir
+        self.status: dict = {"arm": arm.name, "backend": arm.backend, "index": index, "status": "failed",
+                             "reason": None, "design": cfg.run.design}  # fmt: skip
+        self.server: Server | None = None
+        self.sampler: TelemetrySampler | None = None
+        self.probe: NoiseProbe | None = None
+
+    def __enter__(self) -> ServerRun:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.status["loadavg_before"] = round(loadavg_1min(), 2)
+        self.server = Server(server_spec(self.cfg, self.arm, self.dir), self.dir / "server.log")
+        self.server.start()
+        self.status.update(startup_s=self.server.startup_s, kv_capacity_tokens=self.server.kv_capacity_tokens,
+                           bound_cores=sorted(bound_cores(self.dir / "server.log")))  # fmt: skip
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.sampler is not None:
+            self.sampler.__exit__(None, None, None)
+        if self.server is not None:
+            self.server.stop()
+
+    @property
+    def base_url(self) -> str:
+        assert self.server is not None
+        return self.server.base_url
+
+    def warm_up(self, workload: Workload) -> None:
+        if not workload.warmup:
+            return
+        results, _ = asyncio.run(
+            run_requests(
+                self.base_url, self.cfg.model.path, workload.warmup, [0.0] * len(workload.warmup),
+                max_concurrency=1, timeout_s=self.cfg.run.request_timeout_s,
+            )
+        )  # fmt: skip
+        failed = [r for r in results if not r.success]
+        if failed:
+            raise RunFailed(f"{self.arm.label} warm-up failed: {failed[0].error_kind}: {failed[0].error}")
+
+    def begin_replay(self) -> None:
+        """Start telemetry sampling and the noise counters (after warm-up)."""
+        assert self.server is not None and self.server.proc is not None
+        self.sampler = TelemetrySampler(
+            self.base_url, self.server.proc.pid, self.cfg.run.telemetry_interval_s,
+            self.dir / contract.TELEMETRY_FILE,
+        )  # fmt: skip
+        self.sampler.__enter__()
+        self.probe = NoiseProbe(
+            self.server.proc.pid, self.status["loadavg_before"], self.cfg.run.quiet_loadavg
+        )
+
+    def finish(
+        self, results: list[RequestResult], duration: float, extra_rows: list[dict] | None = None
+    ) -> None:
+        """Stop sampling, check the server survived, write the run's files (status stays for the caller)."""
+        assert self.server is not None and self.sampler is not None and self.probe is not None
+        noise: NoiseRecord = self.probe.finish()
+        if self.cfg.run.host_time:  # the server flushes host-time records on its telemetry interval
+            time.sleep(self.cfg.run.telemetry_interval_s + 0.5)
+        self.sampler.__exit__(None, None, None)
+        samples, self.sampler = self.sampler.samples, None
+        if not self.server.alive():
+            raise RunFailed(f"{self.arm.label} server died mid-run\n{self.server.log_tail()}")
+        rows = [request_row(r) for r in results]
+        for row, extra in zip(rows, extra_rows or [{}] * len(rows), strict=True):
+            row.update(extra)
+        write_jsonl(self.dir / "requests.jsonl", rows)
+        write_jsonl(self.dir / "telemetry.jsonl", samples)
+        summary = summarize(results, duration, self.cfg.run.slos)
+        summary.update(arm=self.arm.name, backend=self.arm.backend, index=self.index,
+                       kv_capacity_tokens=self.server.kv_capacity_tokens)  # fmt: skip
+        write_json(self.dir / "summary.json", summary)
+        self.status.update(status="ok", completed=summary["completed"], failed=summary["failed"],
+                           noise=noise.to_dict())  # fmt: skip
+
+    def client_cores(self) -> set[int] | None:
+        if not self.cfg.run.pin_client:
+            return None
+        return client_cores(bound_cores(self.dir / "server.log"))
+
+    def write_status(self, reason: str | None = None) -> dict:
+        if reason is not None:
+            self.status.update(status="failed", reason=reason)
+        self.status["loadavg_after"] = round(loadavg_1min(), 2)
+        write_json(self.dir / "status.json", self.status)
+        return self.status
+
+
+def failure_reason(cfg: BenchConfig, err: BaseException) -> str:
+    if isinstance(err, ServerError):
+        return f"server: {err}"
+    if isinstance(err, TimeoutError):
+        return f"run exceeded run_timeout_s={cfg.run.run_timeout_s:.0f} s (server hung?)"
+    return str(err)
+
+
+async def _replay(cfg: BenchConfig, base_url: str, workload: Workload, bar: tqdm) -> tuple[list, float]:
     offsets = arrival_offsets(len(workload.requests), cfg.load)
     return await asyncio.wait_for(
         run_requests(
-            server.base_url,
+            base_url,
             cfg.model.path,
             workload.requests,
             offsets,
@@ -84,67 +213,48 @@ async def _replay(cfg: BenchConfig, server: Server, workload: Workload, bar: tqd
     )
 
 
-def _warm_up(cfg: BenchConfig, server: Server, workload: Workload) -> None:
-    if not workload.warmup:
-        return
-    results, _ = asyncio.run(
-        run_requests(
-            server.base_url, cfg.model.path, workload.warmup, [0.0] * len(workload.warmup),
-            max_concurrency=1, timeout_s=cfg.run.request_timeout_s,
-        )
-    )  # fmt: skip
-    failed = [r for r in results if not r.success]
-    if failed:
-        raise RunFailed(f"warm-up failed: {failed[0].error_kind}: {failed[0].error}")
-
-
-def run_one(cfg: BenchConfig, backend: str, index: int, workload: Workload, run_dir: Path) -> dict:
-    """One server lifetime. Returns its status dict (also written to status.json, last)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    status: dict = {"backend": backend, "index": index, "status": "failed", "reason": None}
-    status["loadavg_before"] = [round(x, 2) for x in os.getloadavg()]
+def run_one(cfg: BenchConfig, arm: Arm, index: int, workload: Workload, run_dir: Path) -> dict:
+    """One server lifetime of the ABBA design. Returns its status dict (also written to status.json, last)."""
+    run = ServerRun(cfg, arm, index, run_dir)
     try:
-        with Server(server_spec(cfg, backend, run_dir), run_dir / "server.log") as server:
-            status.update(startup_s=server.startup_s, kv_capacity_tokens=server.kv_capacity_tokens)
-            _warm_up(cfg, server, workload)
-            assert server.proc is not None
-            sampler = TelemetrySampler(
-                server.base_url, server.proc.pid, cfg.run.telemetry_interval_s,
-                run_dir / "tagma_telemetry.jsonl",
-            )  # fmt: skip
-            desc = f"run {index:02d} {backend}"
-            with sampler, tqdm(total=len(workload.requests), desc=desc, unit="req", leave=False) as bar:
-                results, duration = asyncio.run(_replay(cfg, server, workload, bar))
-            if not server.alive():
-                raise RunFailed(f"server died mid-run\n{server.log_tail()}")
-            write_jsonl(run_dir / "requests.jsonl", [request_row(r) for r in results])
-            write_jsonl(run_dir / "telemetry.jsonl", sampler.samples)
-            summary = summarize(results, duration, cfg.run.slos)
-            summary.update(backend=backend, index=index, kv_capacity_tokens=server.kv_capacity_tokens)
-            write_json(run_dir / "summary.json", summary)
-            status.update(status="ok", completed=summary["completed"], failed=summary["failed"])
-    except ServerError as e:
-        status["reason"] = f"server: {e}"
-    except TimeoutError:
-        status["reason"] = f"run exceeded run_timeout_s={cfg.run.run_timeout_s:.0f} s (server hung?)"
-    except RunFailed as e:
-        status["reason"] = str(e)
-    status["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
-    write_json(run_dir / "status.json", status)
-    return status
+        with run:
+            run.warm_up(workload)
+            run.begin_replay()
+            desc = f"run {index:02d} {arm.label}"
+            with pinned(run.client_cores()), tqdm(total=len(workload.requests), desc=desc, unit="req",
+                                                  leave=False) as bar:  # fmt: skip
+                results, duration = asyncio.run(_replay(cfg, run.base_url, workload, bar))
+            run.finish(results, duration)
+    except (ServerError, TimeoutError, RunFailed) as e:
+        return run.write_status(failure_reason(cfg, e))
+    return run.write_status()
 
 
-def run_ab(cfg: BenchConfig, workload: Workload) -> list[dict]:
-    """Every repeat of both backends in ABBA order; skips runs already done in cfg.out_dir."""
-    order = abba_order(cfg.run.repeats, *cfg.backends)
+def run_abba(cfg: BenchConfig, workload: Workload) -> list[dict]:
+    """Every repeat of both arms in ABBA order; skips runs already done in cfg.out_dir."""
     statuses = []
-    for index, backend in enumerate(tqdm(order, desc="A/B runs", unit="run")):
-        run_dir = cfg.out_dir / "runs" / f"{index:02d}-{backend}"
+    for index, arm in enumerate(tqdm(abba_order(cfg.run.repeats, *cfg.arms), desc="A/B runs", unit="run")):
+        run_dir = cfg.out_dir / "runs" / run_dir_name(index, arm)
         if run_is_done(run_dir):
             statuses.append(read_json(run_dir / "status.json"))
             continue
-        status = run_one(cfg, backend, index, workload, run_dir)
+        status = run_one(cfg, arm, index, workload, run_dir)
         if status["status"] != "ok":
-            tqdm.write(f"run {index:02d} {backend} FAILED: {status['reason'].splitlines()[0]}")
+            tqdm.write(f"run {index:02d} {arm.label} FAILED: {status['reason'].splitlines()[0]}")
         statuses.append(status)
     return statuses
+
+
+def run_ab(cfg: BenchConfig, workload: Workload) -> list[dict]:
+    """Run the configured design; returns every run's status."""
+    if cfg.run.design == "paired":
+        from harness.paired import run_paired
+
+        return run_paired(cfg, workload)
+    return run_abba(cfg, workload)
+
+
+def arms_without_a_run(cfg: BenchConfig, statuses: list[dict]) -> list[str]:
+    """The arms (by label) none of whose runs succeeded."""
+    ok = {s.get("arm") for s in statuses if s["status"] == "ok"}
+    return [arm.label for arm in cfg.arms if arm.name not in ok]

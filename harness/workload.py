@@ -125,7 +125,9 @@ class WorkloadSpec:
     num_requests: int
     input_len: LengthDist
     output_len: LengthDist
-    max_model_len: int  # prompt_tokens + max_tokens must fit, or building fails (no silent capping)
+    # prompt_tokens + max_tokens must fit, or building fails (no silent capping); None until the harness
+    # resolves the server's context from the model (harness.model_context), which happens before any build.
+    max_model_len: int | None
     seed: int = 0
     num_warmup: int = 0  # extra requests built the same way, for warm-up; excluded from metrics
     dataset: str | None = None  # a ShareGPT JSON file; None = the packaged (truncated) one
@@ -135,6 +137,8 @@ class WorkloadSpec:
             raise ValueError(f"workload name must match {_NAME.pattern} (it names a file), got {self.name!r}")
         for name, lo in (("num_requests", 1), ("num_warmup", 0), ("max_model_len", 1)):
             v = getattr(self, name)
+            if v is None and name == "max_model_len":
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
@@ -145,7 +149,8 @@ class WorkloadSpec:
             if not isinstance(getattr(self, name), LengthDist):
                 raise TypeError(f"{name} must be a LengthDist (use WorkloadSpec.from_dict for mappings)")
         top_in, top_out = self.input_len.upper, self.output_len.upper
-        if top_in is not None and top_out is not None and top_in + top_out > self.max_model_len:
+        if self.max_model_len is not None and top_in is not None and top_out is not None \
+                and top_in + top_out > self.max_model_len:
             raise ValueError(
                 f"workload {self.name}: input up to {top_in} + output up to {top_out} tokens exceeds "
                 f"max_model_len {self.max_model_len}; shorten the lengths or raise max_model_len"
@@ -498,7 +503,7 @@ def _build(spec: WorkloadSpec, items: list[dict], tok: _Tokenizer, counts: dict[
         group = []
         for k in range(n):
             (prompt, pn), out = prompts[k], outs[k]
-            if pn + out > spec.max_model_len:
+            if spec.max_model_len is not None and pn + out > spec.max_model_len:
                 raise ValueError(f"workload {spec.name}: request {k} has {pn} prompt + {out} output tokens, "
                                  f"over max_model_len {spec.max_model_len}; bound the natural lengths "
                                  f"(high) or raise max_model_len")
@@ -564,6 +569,8 @@ def _read_cache(path: Path, key: str, spec: WorkloadSpec) -> Workload | None:
 
 def build_workload(spec: WorkloadSpec, tokenizer_dir: Path, cache_dir: Path | None) -> Workload:
     """The workload for spec, from cache_dir when a valid cached copy exists (cache_dir None: no cache)."""
+    if spec.max_model_len is None:
+        raise ValueError(f"workload {spec.name}: max_model_len is not resolved (see harness.model_context)")
     tokenizer_dir = Path(tokenizer_dir)
     dataset = Path(spec.dataset) if spec.dataset else sharegpt.packaged_path()
     tok_hashes = _tokenizer_hashes(tokenizer_dir)

@@ -60,7 +60,10 @@ def test_rate_sweep_config_lists_rates() -> None:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("backends=[paged,paged]", "backends"),
+        ("backends=[paged,vattention]", "backends"),
+        ("backends=[paged]", "backends"),
+        ("run.design=interleaved", "design"),
+        ("run.design=paired", "paired"),  # the default load is open-loop Poisson
         ("run.repeats=0", "repeats"),
         ("server.device=tpu", "device"),
         ("load.request_rate=-1", "request_rate"),
@@ -70,3 +73,18 @@ def test_rate_sweep_config_lists_rates() -> None:
 def test_bad_values_are_refused(override: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         _compose(override)
+
+
+def test_backends_name_the_arms_and_an_aa_is_allowed() -> None:
+    cfg = _compose("backends=[tagma,paged]")
+    assert [(a.name, a.backend) for a in cfg.arms] == [("baseline", "tagma"), ("candidate", "paged")]
+    assert not cfg.is_aa
+    aa = _compose("backends=[paged,paged]")
+    assert aa.is_aa and [a.label for a in aa.arms] == ["baseline (paged)", "candidate (paged)"]
+
+
+def test_paired_design_needs_one_request_at_a_time() -> None:
+    cfg = _compose("run.design=paired", "load=closed", "load.max_concurrency=1")
+    assert cfg.run.design == "paired"
+    with pytest.raises(ValueError, match="max_concurrency=1"):
+        _compose("run.design=paired", "load=closed", "load.max_concurrency=2")

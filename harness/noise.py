@@ -1,0 +1,130 @@
+"""What else the machine was doing while a run was measured, read from /proc, and keeping the client off the
+server's compute cores.
+
+A run records, between the start and the end of its timed replay: the machine's CPU steal share (time the
+hypervisor gave to other tenants), the involuntary context switches of the server's whole process tree
+(how often the kernel took a core away from it), the server tree's CPU seconds, and the 1-minute load
+average before its server started (anything of ours is stopped by then, so it is other tenants' load).
+A run is flagged ``under_load`` when that load average or the steal share says the machine was busy.
+
+vLLM for CPU binds its OpenMP compute threads to the cores it logs ("local_rank=0, core ids=[1]"); the
+client process is pinned to the other cores for the replay only, so servers started later are not
+confined by an inherited affinity mask.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+STEAL_FLAG = 0.02  # a replay that lost more than 2% of CPU time to steal is flagged
+_BOUND_CORES = re.compile(r"local_rank=\d+, core ids=\[([\d,\s]*)\]")
+
+
+def cpu_times() -> tuple[float, float]:
+    """(total, steal) CPU seconds of the whole machine since boot, from /proc/stat."""
+    t = psutil.cpu_times()
+    total = sum(getattr(t, f) for f in t._fields if f not in ("guest", "guest_nice"))
+    return total, float(getattr(t, "steal", 0.0))
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def tree_counters(pid: int) -> tuple[int, float]:
+    """(involuntary context switches, CPU seconds) summed over a process and its descendants now."""
+    switches, cpu = 0, 0.0
+    for p in _tree(pid):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            switches += p.num_ctx_switches().involuntary
+            t = p.cpu_times()
+            cpu += t.user + t.system
+    return switches, cpu
+
+
+@dataclass(frozen=True)
+class NoiseRecord:
+    loadavg_before: float  # 1-minute load average before the server started
+    steal_fraction: float  # machine-wide steal / total CPU time over the replay
+    server_involuntary_switches: int
+    server_cpu_s: float
+    replay_s: float
+    under_load: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class NoiseProbe:
+    """Counters at the start of a replay; :meth:`finish` returns the :class:`NoiseRecord` of the interval."""
+
+    def __init__(self, server_pid: int, loadavg_before: float, quiet_loadavg: float) -> None:
+        self.pid = server_pid
+        self.loadavg_before = loadavg_before
+        self.quiet_loadavg = quiet_loadavg
+        self._cpu0 = cpu_times()
+        self._tree0 = tree_counters(server_pid)
+        self._t0 = time.monotonic()
+
+    def finish(self) -> NoiseRecord:
+        total1, steal1 = cpu_times()
+        switches1, cpu1 = tree_counters(self.pid)
+        d_total = total1 - self._cpu0[0]
+        steal = (steal1 - self._cpu0[1]) / d_total if d_total > 0 else 0.0
+        return NoiseRecord(
+            loadavg_before=round(self.loadavg_before, 2),
+            steal_fraction=round(steal, 4),
+            server_involuntary_switches=max(0, switches1 - self._tree0[0]),
+            server_cpu_s=round(max(0.0, cpu1 - self._tree0[1]), 3),
+            replay_s=round(time.monotonic() - self._t0, 3),
+            under_load=self.loadavg_before > self.quiet_loadavg or steal > STEAL_FLAG,
+        )
+
+
+def loadavg_1min() -> float:
+    return os.getloadavg()[0]
+
+
+def bound_cores(server_log: Path) -> set[int]:
+    """The cores vLLM for CPU bound its compute threads to, from the server's log (empty: none logged)."""
+    try:
+        text = server_log.read_text(errors="replace")
+    except FileNotFoundError:
+        return set()
+    cores: set[int] = set()
+    for m in _BOUND_CORES.finditer(text):
+        cores |= {int(x) for x in m.group(1).replace(",", " ").split()}
+    return cores
+
+
+def client_cores(busy: set[int]) -> set[int]:
+    """The cores the client may use: those it may run on now, minus ``busy`` (all of them if none is left)."""
+    allowed = os.sched_getaffinity(0)
+    free = allowed - busy
+    return free or allowed
+
+
+@contextlib.contextmanager
+def pinned(cores: set[int] | None) -> Iterator[set[int]]:
+    """Run the block with this process on ``cores`` (None: unchanged); the old affinity comes back after."""
+    before = os.sched_getaffinity(0)
+    if not cores or cores == before:
+        yield before
+        return
+    os.sched_setaffinity(0, cores)
+    try:
+        yield cores
+    finally:
+        os.sched_setaffinity(0, before)
