@@ -37,12 +37,14 @@ def first_arm_of(pair: int) -> int:
 
 async def replay_pairs(
     cfg: BenchConfig, urls: tuple[str, str], workload: Workload, pair0: int, bar: tqdm
-) -> tuple[list[list[RequestResult]], list[float]]:
-    """Send each request to both servers, one at a time. Returns per-arm results (request order) and
-    per-arm busy durations (the sum of that arm's request latencies: its share of the wall time)."""
+) -> tuple[list[list[RequestResult]], list[float], list[list[tuple[int, int]]]]:
+    """Send each request to both servers, one at a time. Returns per-arm results (request order), per-arm
+    busy durations (the sum of that arm's request latencies: its share of the wall time) and per-arm wall
+    windows (time_ns sent, done) of each request, which attribute in-server host time to requests."""
     config = ClientConfig()
     timeout = aiohttp.ClientTimeout(total=cfg.run.request_timeout_s)
     results: list[list[RequestResult]] = [[], []]
+    walls: list[list[tuple[int, int]]] = [[], []]  # per request: wall time_ns when sent and when done
     busy = [0.0, 0.0]
     async with make_session(config) as session:
         t0 = time.perf_counter()
@@ -52,12 +54,13 @@ async def replay_pairs(
             for arm in (first, 1 - first):
                 res = RequestResult(index=req.index, scheduled_s=time.perf_counter() - t0,
                                     expected_prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens)
-                start = time.perf_counter()
+                start, wall_start = time.perf_counter(), time.time_ns()
                 await send_one(session, completions_url(urls[arm]), body, res, t0, timeout, False)
                 busy[arm] += time.perf_counter() - start
                 results[arm].append(res)
+                walls[arm].append((wall_start, time.time_ns()))
             bar.update(1)
-    return results, busy
+    return results, busy, walls
 
 
 def run_round(cfg: BenchConfig, workload: Workload, round_index: int) -> list[dict]:
@@ -81,11 +84,12 @@ def run_round(cfg: BenchConfig, workload: Workload, round_index: int) -> list[di
             desc = f"round {round_index} pairs"
             bar_ = tqdm(total=len(workload.requests), desc=desc, unit="pair", leave=False)
             with pinned(cores), bar_ as bar:
-                results, busy = asyncio.run(asyncio.wait_for(
+                results, busy, walls = asyncio.run(asyncio.wait_for(
                     replay_pairs(cfg, (runs[0].base_url, runs[1].base_url), workload, pair0, bar),
                     timeout=cfg.run.run_timeout_s))  # fmt: skip
             for a, run in enumerate(runs):
-                extra = [{"pair": pair0 + k, "round": round_index, "first": first_arm_of(pair0 + k) == a}
+                extra = [{"pair": pair0 + k, "round": round_index, "first": first_arm_of(pair0 + k) == a,
+                          "wall_start_ns": walls[a][k][0], "wall_end_ns": walls[a][k][1]}
                          for k in range(len(results[a]))]  # fmt: skip
                 run.finish(results[a], busy[a], extra)
     except (ServerError, TimeoutError, RunFailed) as e:

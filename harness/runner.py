@@ -148,6 +148,7 @@ class ServerRun:
             self.dir / contract.TELEMETRY_FILE,
         )  # fmt: skip
         self.sampler.__enter__()
+        self.status["replay_start_ns"] = time.time_ns()
         self.probe = NoiseProbe(
             self.server.proc.pid, self.status["loadavg_before"], self.cfg.run.quiet_loadavg
         )

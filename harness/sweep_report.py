@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from harness import plots, report
+from harness.compare import comparisons
 from harness.files import read_json, write_json, write_text_atomic
 
 METRICS = (
@@ -51,7 +52,7 @@ def cell(run_dir: Path, n_boot: int | None = None) -> dict:
     ab = summary.get("ab")
     if ab is None:
         runs = report.load_runs(run_dir)
-        ab = [r.to_dict() for r in report.ab_table(runs, backends, n_boot or cfg["run"].get("n_boot", 2000))]
+        ab = [r.to_dict() for r in comparisons(runs, cfg, n_boot)]
     load = cfg.get("load", {})
     return {
         "dir": str(run_dir),
@@ -60,7 +61,7 @@ def cell(run_dir: Path, n_boot: int | None = None) -> dict:
         "mode": load.get("mode"),
         "request_rate": load.get("request_rate"),
         "max_concurrency": load.get("max_concurrency"),
-        "repeats_ok": {b: s.get("repeats_ok") for b, s in summary.get("backends", {}).items()},
+        "repeats_ok": {a: s.get("repeats_ok") for a, s in summary.get("arms", {}).items()},
         "ab": {r["metric"]: r for r in ab},
     }
 
@@ -82,7 +83,8 @@ def markdown(cells: Sequence[Mapping], metrics: Sequence[str] = METRICS) -> str:
     lines = [
         "# Sweep: B / A ratios (95% CI) and verdicts per cell",
         "",
-        "Ratio = second backend / first backend; < 1 is faster for latencies, > 1 is higher for throughputs.",
+        "Ratio = candidate / baseline (backends = [baseline, candidate]); < 1 is faster for latencies, "
+        "> 1 is higher for throughputs.",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),

@@ -28,19 +28,22 @@ def test_small_ab_writes_a_complete_report(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     root = tmp_path / "e2e"
     statuses = [json.loads(p.read_text()) for p in sorted(root.glob("runs/*/status.json"))]
-    assert [(s["backend"], s["status"]) for s in statuses] == [("paged", "ok"), ("tagma", "ok")]
+    assert [(s["arm"], s["backend"], s["status"]) for s in statuses] == [
+        ("baseline", "paged", "ok"), ("candidate", "tagma", "ok")]
+    assert all(s["noise"]["server_cpu_s"] > 0 and "under_load" in s["noise"] for s in statuses)
     summary = json.loads((root / "summary.json").read_text())
-    for backend in ("paged", "tagma"):
-        s = summary["backends"][backend]
+    for arm in ("baseline", "candidate"):
+        s = summary["arms"][arm]
         assert s["completed"] == 4 and s["failed"] == 0
         assert s["total_output_tokens"] == 4 * 8  # ignore_eos: both generate exactly max_tokens
         assert s["p99_ttft_ms"] > 0
     metrics = {r["metric"] for r in summary["ab"]}
     assert {"mean_ttft_ms", "p99_e2el_ms", "output_throughput"} <= metrics
-    tagma_tel = summary["telemetry"]["01-tagma"]
+    tagma_tel = summary["telemetry"]["01-candidate-tagma"]
     assert tagma_tel["ranges_per_request_max"] is not None  # the tagma server reported its ranges
     report = (root / "report.md").read_text()
-    assert "| mean_ttft_ms |" in report and "01 | tagma | ok" in report
+    assert "| mean_ttft_ms |" in report and "01 | candidate (tagma) | ok" in report
+    assert report.splitlines()[2].startswith("**Resolution")
     for name in ("config.yaml", "environment.json", "workload.json", "plots/latency_cdfs.png"):
         assert (root / name).exists(), name
     assert (tmp_path / "latest").resolve() == root.resolve()
@@ -52,3 +55,44 @@ def test_small_ab_writes_a_complete_report(tmp_path: Path) -> None:
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert {p: p.stat().st_mtime_ns for p in root.glob("runs/*/requests.jsonl")} == recorded
+
+
+@pytest.mark.slow
+def test_real_paired_aa_gives_no_verdict(tmp_path: Path) -> None:
+    """An A/A through two live paged servers (paired design): the method must not invent a difference."""
+    cmd = [
+        sys.executable, "-m", "harness.main",
+        f"results_dir={tmp_path}", "run_id=aa", "run=ci", "backends=[paged,paged]", "run.design=paired",
+        "load=closed", "load.max_concurrency=1",
+        "workload.name=aa_small", "workload.num_requests=12", "workload.num_warmup=1",
+        "workload.input_len={kind: uniform, low: 300, high: 900}",
+        "workload.output_len={kind: fixed, value: 8}",
+        "server.max_model_len=2048", "server.kv_cache_space_gib=1",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((tmp_path / "aa" / "summary.json").read_text())
+    assert summary["kind"] == "A/A" and summary["design"] == "paired"
+    rows = {r["metric"]: r for r in summary["ab"]}
+    assert rows["mean_ttft_ms"]["samples"] == 12
+    for row in summary["ab"]:
+        assert row["verdict"] in ("parity", "inconclusive", "descriptive", "n/a"), row
+    lines = (tmp_path / "aa" / "runs" / "00-baseline-paged" / "requests.jsonl").read_text().splitlines()
+    requests = [json.loads(line) for line in lines]
+    assert [r["pair"] for r in requests] == list(range(12))
+    assert [r["first"] for r in requests] == [k % 2 == 0 for k in range(12)]  # the order alternates
+
+
+@pytest.mark.slow
+def test_shipped_128k_cpu_config_starts_a_server(tmp_path: Path) -> None:
+    """The CPU 128K config, its context resolved from the tiny model, brings a server up (start-up only)."""
+    from harness.launcher import Server
+    from harness.main import resolve_context
+    from harness.runner import server_spec
+    from tests.test_config import _compose
+
+    model = REPO / "data" / "tiny-llama"
+    cfg = resolve_context(_compose("server=cpu_128k", "workload=sharegpt_128k_cpu", f"model.path={model}"))
+    assert cfg.server.max_model_len == 131072
+    with Server(server_spec(cfg, cfg.arms[1], tmp_path), tmp_path / "server.log") as server:
+        assert server.healthy() and server.kv_capacity_tokens and server.kv_capacity_tokens >= 131072

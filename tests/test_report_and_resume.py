@@ -30,15 +30,24 @@ def _cfg(out: Path, repeats: int = 2) -> BenchConfig:
     )
 
 
-def _fake_run(root: Path, index: int, backend: str, scale: float, n: int = 40) -> None:
-    d = root / "runs" / f"{index:02d}-{backend}"
+ARM_OF = {"paged": "baseline", "tagma": "candidate"}
+
+
+def _fake_run(root: Path, index: int, backend: str, scale: float, n: int = 40, arm: str | None = None,
+              run_noise: float = 0.0, design: str = "abba") -> None:  # fmt: skip
+    arm = arm or ARM_OF[backend]
+    d = root / "runs" / f"{index:02d}-{arm}-{backend}"
     rng = np.random.default_rng(index)
+    drift = 1.0 + run_noise * rng.normal()  # one factor for the whole server lifetime
     rows = []
     for i in range(n):
-        ttft = 100.0 * (1 + i % 5) * scale * rng.normal(1, 0.01)
-        itl = list(10.0 * scale * rng.normal(1, 0.01, size=7))
-        rows.append({"index": i, "success": True, "ttft_ms": ttft, "tpot_ms": float(np.mean(itl)),
-                     "itl_ms": itl, "e2el_ms": ttft + sum(itl)})  # fmt: skip
+        ttft = 100.0 * (1 + i % 5) * scale * drift * rng.normal(1, 0.01)
+        itl = list(10.0 * scale * drift * rng.normal(1, 0.01, size=7))
+        row = {"index": i, "success": True, "ttft_ms": ttft, "tpot_ms": float(np.mean(itl)), "itl_ms": itl,
+               "e2el_ms": ttft + sum(itl)}  # fmt: skip
+        if design == "paired":
+            row.update(pair=i, round=0, first=(i % 2 == 0) == (arm == "baseline"))
+        rows.append(row)
     write_jsonl(d / "requests.jsonl", rows)
     write_jsonl(d / "telemetry.jsonl", [
         {"t_s": 0.0, "kv_cache_usage": 0.1, "server_rss_bytes": 2**30},
@@ -48,15 +57,20 @@ def _fake_run(root: Path, index: int, backend: str, scale: float, n: int = 40) -
                    "peak_ranges_per_request": 1, "in_place_growths": 5, "new_ranges": 3, "evictions": 0,
                    "external_fragmentation": 0.0}},
     ])  # fmt: skip
-    write_json(d / "summary.json", {"completed": n, "failed": 0, "output_throughput": 100.0 / scale,
-                                    "request_throughput": 1.0 / scale, "mean_ttft_ms": 300.0 * scale})
-    write_json(d / "status.json", {"backend": backend, "index": index, "status": "ok", "reason": None,
-                                   "startup_s": 60.0, "kv_capacity_tokens": 100000})  # fmt: skip
+    write_json(d / "summary.json", {"completed": n, "failed": 0, "output_throughput": 100.0 / scale / drift,
+                                    "request_throughput": 1.0 / scale / drift, "mean_ttft_ms": 300.0 * scale})
+    write_json(d / "status.json", {"arm": arm, "backend": backend, "index": index, "status": "ok",
+                                   "reason": None, "startup_s": 60.0, "kv_capacity_tokens": 100000,
+                                   "noise": {"loadavg_before": 0.1 if index != 1 else 1.7,
+                                             "steal_fraction": 0.0, "server_involuntary_switches": 12,
+                                             "under_load": index == 1}})  # fmt: skip
 
 
-def _meta(root: Path) -> None:
+def _meta(root: Path, backends: tuple[str, str] = ("paged", "tagma"), design: str = "abba") -> None:
+    primary = ["mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "output_throughput"]
+    run = {"design": design, "alpha": 0.05, "n_boot": 200, "primary_metrics": primary}
     write_json(root / "config.json", {"model": {"name": "m"}, "load": {"mode": "open"},
-                                      "backends": ["paged", "tagma"]})
+                                      "backends": list(backends), "run": run})  # fmt: skip
     write_json(root / "environment.json", {
         "cpu": "cpu", "cpu_count": 2, "gpus": [], "packages": {"vllm": "0.32.0", "torch": "2.13"},
         "git": {"commit": "abc", "dirty": False}})
@@ -65,55 +79,111 @@ def _meta(root: Path) -> None:
                                         "prompt_lengths": [100, 120, 140], "output_lengths": [8, 8, 8]})
 
 
+ABBA6 = ["paged", "tagma", "tagma", "paged"] * 3
+
+
 def test_report_finds_the_slowdown_and_writes_everything(tmp_path: Path) -> None:
     _meta(tmp_path)
-    for index, backend in enumerate(["paged", "tagma", "tagma", "paged"]):
-        _fake_run(tmp_path, index, backend, scale=1.25 if backend == "tagma" else 1.0)
-    write_json(tmp_path / "runs" / "04-paged" / "status.json",
-               {"backend": "paged", "index": 4, "status": "failed", "reason": "server: exited with code 1"})
+    for index, backend in enumerate(ABBA6):
+        _fake_run(tmp_path, index, backend, scale=1.25 if backend == "tagma" else 1.0, run_noise=0.02)
+    write_json(tmp_path / "runs" / "12-baseline-paged" / "status.json",
+               {"arm": "baseline", "backend": "paged", "index": 12, "status": "failed",
+                "reason": "server: exited with code 1"})  # fmt: skip
     md = report.write_report(tmp_path, n_boot=200).read_text()
     summary = read_json(tmp_path / "summary.json")
     ab = {r["metric"]: r for r in summary["ab"]}
-    assert ab["mean_ttft_ms"]["ratio"] == pytest.approx(1.25, rel=0.02)
-    assert ab["mean_ttft_ms"]["verdict"] == "slower"
+    assert ab["mean_ttft_ms"]["ratio"] == pytest.approx(1.25, rel=0.03)
+    assert ab["mean_ttft_ms"]["verdict"] == "slower" and ab["mean_ttft_ms"]["primary"]
     assert ab["output_throughput"]["verdict"] == "lower"
-    assert summary["backends"]["paged"]["repeats_ok"] == 2
-    assert summary["telemetry"]["01-tagma"]["ranges_per_request_max"] == 1
-    assert "s, 7 complete conversations recovered" in md
+    assert ab["p50_itl_ms"]["verdict"] == "descriptive" and not ab["p50_itl_ms"]["primary"]
+    assert ab["mean_ttft_ms"]["runs_baseline"] == ab["mean_ttft_ms"]["runs_candidate"] == 6
+    assert summary["arms"]["baseline"]["repeats_ok"] == 6 and summary["kind"] == "A/B"
+    assert summary["telemetry"]["01-candidate-tagma"]["ranges_per_request_max"] == 1
+    assert set(summary["resolution"]) == {"mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms",
+                                          "output_throughput"}  # fmt: skip
+    assert md.splitlines()[0] == "# Serve A/B: candidate (tagma) vs baseline (paged)"
+    assert md.splitlines()[2].startswith("**Resolution (95% half-width of each primary ratio):** mean_ttft")
+    assert "s, 7 complete conversations recovered" in md and "1 of 12 ok runs taken under load" in md
     assert "| mean_ttft_ms |" in md and "failed: `server: exited with code 1`" in md
     for png in ("latency_cdfs", "ab_ratios", "per_run", "kv_usage", "prompt_lengths"):
         assert (tmp_path / "plots" / f"{png}.png").stat().st_size > 1000
     json.dumps(summary, allow_nan=False)  # no NaN anywhere
 
 
-def test_report_with_one_repeat_gives_ratios_without_run_level_verdicts(tmp_path: Path) -> None:
-    _meta(tmp_path)
-    _fake_run(tmp_path, 0, "paged", scale=1.0)
-    _fake_run(tmp_path, 1, "tagma", scale=1.25)
+def test_an_aa_keeps_its_arms_apart_and_gives_no_verdict(tmp_path: Path) -> None:
+    _meta(tmp_path, backends=("paged", "paged"))
+    for index in range(8):
+        arm = ("baseline", "candidate")[index % 2]
+        _fake_run(tmp_path, index, "paged", scale=1.0, arm=arm, run_noise=0.13)
+    md = report.write_report(tmp_path, n_boot=200).read_text()
+    summary = read_json(tmp_path / "summary.json")
+    assert summary["kind"] == "A/A" and summary["arms"]["candidate"]["repeats_ok"] == 4
+    assert md.splitlines()[0] == "# Serve A/A: candidate (paged) vs baseline (paged)"
+    for row in summary["ab"]:
+        assert row["verdict"] in ("parity", "inconclusive", "descriptive", "n/a"), row
+
+
+def test_the_backends_order_names_the_arms(tmp_path: Path) -> None:
+    """[tagma, paged] makes tagma the baseline: its numbers are in the baseline column, the ratio inverts."""
+    _meta(tmp_path, backends=("tagma", "paged"))
+    for index, backend in enumerate(ABBA6[:8]):
+        arm = "baseline" if backend == "tagma" else "candidate"
+        _fake_run(tmp_path, index, backend, scale=1.25 if backend == "tagma" else 1.0, arm=arm)
+    md = report.write_report(tmp_path, n_boot=200).read_text()
+    ab = {r["metric"]: r for r in read_json(tmp_path / "summary.json")["ab"]}
+    assert ab["mean_ttft_ms"]["ratio"] == pytest.approx(0.8, rel=0.03)
+    assert ab["mean_ttft_ms"]["verdict"] == "faster"
+    assert ab["mean_ttft_ms"]["baseline"] > ab["mean_ttft_ms"]["candidate"]
+    assert "candidate (paged) vs baseline (tagma)" in md
+
+
+def test_paired_design_compares_by_pair(tmp_path: Path) -> None:
+    _meta(tmp_path, design="paired")
+    _fake_run(tmp_path, 0, "paged", scale=1.0, n=40, design="paired")
+    _fake_run(tmp_path, 1, "tagma", scale=1.1, n=40, design="paired")
     report.write_report(tmp_path, n_boot=200)
     ab = {r["metric"]: r for r in read_json(tmp_path / "summary.json")["ab"]}
-    assert ab["output_throughput"]["ci_low"] is None and ab["output_throughput"]["verdict"].startswith("n/a")
-    assert ab["mean_ttft_ms"]["verdict"] == "slower"  # per-request samples still give an interval
-    assert (tmp_path / "plots" / "ab_ratios.png").exists()
+    assert ab["mean_e2el_ms"]["samples"] == 40
+    assert ab["mean_ttft_ms"]["ratio"] == pytest.approx(1.1, rel=0.02)
+    assert ab["output_throughput"]["ratio"] == pytest.approx(1 / ab["mean_e2el_ms"]["ratio"])
+    assert ab["output_throughput"]["ci_low"] < ab["output_throughput"]["ci_high"]
 
 
 def test_resume_skips_finished_runs_and_retries_failed_ones(tmp_path: Path, monkeypatch) -> None:
     calls: list[tuple[int, str]] = []
 
-    def fake_run_one(cfg, backend, index, workload, run_dir):  # type: ignore[no-untyped-def]
-        calls.append((index, backend))
-        status = {"backend": backend, "index": index, "status": "ok" if index != 2 else "failed",
-                  "reason": None if index != 2 else "server died mid-run"}  # fmt: skip
+    def fake_run_one(cfg, arm, index, workload, run_dir):  # type: ignore[no-untyped-def]
+        calls.append((index, arm.name))
+        status = {"arm": arm.name, "backend": arm.backend, "index": index,
+                  "status": "ok" if index != 2 else "failed", "reason": None if index != 2 else "server died"}
         write_json(run_dir / "status.json", status)
         return status
 
     monkeypatch.setattr(runner, "run_one", fake_run_one)
     cfg = _cfg(tmp_path, repeats=2)
-    for index, backend in enumerate(["paged", "tagma", "tagma", "paged"]):
-        (tmp_path / "runs" / f"{index:02d}-{backend}").mkdir(parents=True, exist_ok=True)
+    for index, arm in enumerate(["baseline-paged", "candidate-tagma", "candidate-tagma", "baseline-paged"]):
+        (tmp_path / "runs" / f"{index:02d}-{arm}").mkdir(parents=True, exist_ok=True)
     statuses = runner.run_ab(cfg, workload=None)  # type: ignore[arg-type]
-    assert calls == [(0, "paged"), (1, "tagma"), (2, "tagma"), (3, "paged")]  # a failure does not stop it
+    expected = [(0, "baseline"), (1, "candidate"), (2, "candidate"), (3, "baseline")]
+    assert calls == expected  # a failure does not stop it
     assert [s["status"] for s in statuses] == ["ok", "ok", "failed", "ok"]
+    assert runner.arms_without_a_run(cfg, statuses) == []
     calls.clear()
     runner.run_ab(cfg, workload=None)  # type: ignore[arg-type]
-    assert calls == [(2, "tagma")]  # only the failed run is redone
+    assert calls == [(2, "candidate")]  # only the failed run is redone
+
+
+def test_an_arm_without_any_successful_run_is_named() -> None:
+    cfg = _cfg(Path("/tmp/x"))
+    statuses = [{"arm": "baseline", "status": "ok"}, {"arm": "candidate", "status": "failed"}]
+    assert runner.arms_without_a_run(cfg, statuses) == ["candidate (tagma)"]
+
+
+def test_abba_order_balances_position() -> None:
+    a, b = _cfg(Path("/tmp/x")).arms
+    assert runner.abba_order(1, a, b) == [a, b]
+    assert runner.abba_order(2, a, b) == [a, b, b, a]
+    order = runner.abba_order(4, a, b)
+    assert order.count(a) == order.count(b) == 4
+    with pytest.raises(ValueError):
+        runner.abba_order(0, a, b)
