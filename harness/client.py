@@ -26,9 +26,15 @@ server coalescing several steps' outputs when it falls behind), and its ``text``
 that completes no UTF-8 character, or text held back for stop-string matching). A *token-bearing chunk*
 is any event with a non-empty ``choices`` list, whatever its text (the same rule as ``vllm bench
 serve``). Token COUNTS come only from the server's final ``usage`` event (``stream_options.
-include_usage``); a stream without it is a failure. Hence ``itl`` (gaps between consecutive
-token-bearing chunks) is per chunk, while ``tpot = (e2el - ttft) / (completion_tokens - 1)`` is per
-token.
+include_usage``); a stream without it is a failure. Hence ``itl`` is per chunk, while ``tpot = (e2el -
+ttft) / (completion_tokens - 1)`` is per token.
+
+ITL, as ``vllm bench serve`` defines it: one gap per token-bearing chunk after the first, however many
+tokens that chunk carries, so ``sum(itl) == end_s - first_token_s``. Several events that one network read
+delivered together carry one arrival time (``chunk_times`` keeps one entry per event); they are one
+delivery, so they give ONE gap from the previous delivery, never a gap of zero per extra event. (vLLM
+stamps each event as it parses it, which turns the same situation into gaps of a few microseconds of parse
+time.) Zero gaps would otherwise enter ITL percentiles and make a p50 ITL of 0 possible.
 """
 
 from __future__ import annotations
@@ -116,8 +122,9 @@ class RequestResult:
 
     @property
     def itl(self) -> list[float]:
+        """Gaps between consecutive deliveries of token-bearing chunks (see the module docstring)."""
         t = self.chunk_times
-        return [b - a for a, b in zip(t, t[1:], strict=False)]
+        return [b - a for a, b in zip(t, t[1:], strict=False) if b != a]
 
     @property
     def tpot(self) -> float | None:

@@ -7,7 +7,8 @@ Conventions (vLLM's, unless noted):
   queueing is included; ``*_client_queue_time_ms`` reports the queueing alone, and
   ``*_e2el_including_client_queue_ms`` (vLLM's name for the queue-inclusive e2el) equals ``*_e2el_ms``.
 * ``tpot = (e2el - ttft) / (completion_tokens - 1)`` for requests with more than one output token;
-  ``itl`` pools the gaps between consecutive token-bearing chunks of every request (see harness.client).
+  ``itl`` pools the gaps between consecutive token-bearing chunks of every request; chunks that arrived
+  in one network read are one delivery and give one gap, never zeros (see harness.client).
 * mean / median / std (population, ddof=0) / percentiles are numpy's; percentiles use numpy's default
   ``linear`` interpolation: ``p`` is at rank ``(n-1) * p/100`` between the sorted values, as vLLM.
 * Token totals come from the server's ``usage`` events.

@@ -259,3 +259,18 @@ def test_sse_parse_is_independent_of_read_boundaries(cuts: list[int], crlf: bool
     assert res.text == "héllo wörld"
     assert len(res.chunk_times) == 3
     assert (res.prompt_tokens, res.completion_tokens) == (9, 4)
+
+
+def test_events_in_one_read_are_one_itl_gap() -> None:
+    """Two token events delivered by one network read share an arrival time and count as one ITL gap."""
+    def ev(text: str) -> bytes:
+        return b"data: " + json.dumps({"choices": [{"index": 0, "text": text}]}).encode() + b"\n\n"
+
+    usage_event = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}
+    usage = b"data: " + json.dumps(usage_event).encode()
+    parts = [ev("a"), ev("b") + ev("c"), ev("d") + usage + b"\n\ndata: [DONE]\n\n"]
+    res = RequestResult(index=0, scheduled_s=0.0)
+    run(_consume_stream(_FakeResponse(parts), res, 0.0, keep_text=False))  # type: ignore[arg-type]
+    assert len(res.chunk_times) == 4 and res.chunk_times[1] == res.chunk_times[2]
+    assert len(res.itl) == 2 and all(g > 0 for g in res.itl)
+    assert sum(res.itl) == pytest.approx(res.chunk_times[-1] - res.chunk_times[0])

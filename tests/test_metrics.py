@@ -35,9 +35,21 @@ def test_request_result_derived_times() -> None:
     assert r.ttft == pytest.approx(1.0)  # from the scheduled time, not the send time
     assert r.e2el == pytest.approx(1.4)
     assert r.itl == pytest.approx([0.1, 0.3])
+    # the last two events arrived in one network read: one delivery, one gap, no zero
+    both = ok(3, 1.0, 1.5, [2.0, 2.1, 2.4, 2.4], n_out=5)
+    assert both.itl == pytest.approx([0.1, 0.3]) and sum(both.itl) == pytest.approx(both.e2el - both.ttft)
     assert r.tpot == pytest.approx(0.4 / 4)
     assert ok(1, 0, 0, [1.0], n_out=1).tpot is None
     assert failed(2, "timeout").ttft is None
+
+
+def test_itl_never_zero_when_chunks_arrive_together() -> None:
+    # every other delivery carried two token events (same arrival time): a naive per-event ITL would make
+    # half the gaps zero and the p50 ITL 0; per delivery the gaps are all 20 ms
+    t = [0.1 + 0.02 * (k // 2) for k in range(20)]
+    s = summarize([ok(0, 0.0, 0.0, t, n_out=20)], duration_s=1.0)
+    assert s["median_itl_ms"] == pytest.approx(20) and s["min_itl_ms"] == pytest.approx(20)
+    assert len(s["itls"][0]) == 9 and sum(s["itls"][0]) == pytest.approx(t[-1] - t[0])
 
 
 def test_summary_hand_computed() -> None:
