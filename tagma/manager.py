@@ -133,7 +133,7 @@ class TagmaKVCacheManager(KVCacheManager):
         self.policy_name = policy.name.lower()
         self.engine = RangeEngine(num_blocks=pool.num_gpu_blocks, policy=policy)
         self.block_pool = TagmaBlockPool.adopt(pool, self.engine)
-        self.telemetry = Telemetry(self.engine, self.policy_name)
+        self.telemetry = Telemetry(self.policy_name, manager=self, engine=self.engine)
 
     # ---- calls that take or free a request's blocks: the pool learns the request
 

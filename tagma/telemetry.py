@@ -1,101 +1,157 @@
-"""Periodic placement telemetry of a tagma KV cache manager, as JSON lines.
+"""Periodic placement telemetry of a KV cache manager, as JSON lines: the same code on both backends.
 
-``TAGMA_TELEMETRY_FILE`` names the file (appended to; unset: no file I/O at all) and
-``TAGMA_TELEMETRY_INTERVAL_S`` the minimum interval between two lines (default 1.0 s). Between lines the
-engine is still looked at every step, so ``peak_ranges_per_request`` and ``peak_live_requests`` (maxima
-since start) also cover requests that came and went between two lines.
+``TAGMA_TELEMETRY_FILE`` names the file (appended to; unset: no file I/O and no per-step work beyond one
+attribute test) and ``TAGMA_TELEMETRY_INTERVAL_S`` the minimum interval between two lines (default 1.0 s).
+Tagma's manager keeps a :class:`Telemetry`; for vLLM's own manager the plugin attaches one (policy
+``paged``) when the file is asked for, so both arms pay the same cost: per step one clock read; per line one
+walk over the blocks each live request gained since the previous line.
+
+Contiguity is measured the same way on both arms, from vLLM's own per-request block lists
+(``coordinator.single_type_managers[0].req_to_blocks``): ``ranges_per_request`` counts, per live request,
+the runs of consecutive physical block ids in logical order (a request whose blocks are 7, 8, 9, 3 has two).
+``free_blocks`` and ``num_blocks`` come from the block pool (``get_num_free_blocks`` counts evictable
+prefix-cache blocks as free, as vLLM does). ``peak_*`` are maxima over the lines written so far. Tagma's lines
+add its range engine's counters and free-space shape (``in_place_growths``, ``new_ranges``, ``merges``,
+``evictions``, ``cached_only_blocks``, ``used_blocks``, ``largest_free_range``, ``external_fragmentation``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from tagma.engine import EngineStats, RangeEngine
-
-__all__ = ["Telemetry", "engine_snapshot"]
+__all__ = ["BlockRuns", "Telemetry", "runs_summary"]
 
 ENV_FILE = "TAGMA_TELEMETRY_FILE"
 ENV_INTERVAL = "TAGMA_TELEMETRY_INTERVAL_S"
 
 
-def _ranges_per_request(engine: RangeEngine, live: int, total: int, largest: int) -> dict[str, float]:
-    if live == 0:
+class BlockRuns:
+    """Runs of consecutive block ids per request, updated incrementally.
+
+    A running request's block list only grows at its end, so each :meth:`update` walks only the blocks a
+    request gained since the previous one; a list that shrank or whose first or last known block changed
+    (freed and allocated again) is walked from the start.
+    """
+
+    def __init__(self) -> None:
+        # request id -> (blocks seen, first block id, last block id, runs)
+        self._seen: dict[str, tuple[int, int, int, int]] = {}
+
+    def update(self, req_to_blocks: Mapping[str, Sequence[Any]]) -> list[int]:
+        """Runs per live request (requests holding no block are not live)."""
+        seen = self._seen
+        now: dict[str, tuple[int, int, int, int]] = {}
+        counts: list[int] = []
+        for req_id, blocks in req_to_blocks.items():
+            n = len(blocks)
+            if n == 0:
+                continue
+            first = blocks[0].block_id
+            prev = seen.get(req_id)
+            if (
+                prev is not None and prev[0] <= n and prev[1] == first
+                and blocks[prev[0] - 1].block_id == prev[2]
+            ):  # fmt: skip
+                start, last, runs = prev[0], prev[2], prev[3]
+            else:
+                start, last, runs = 1, first, 1
+            for i in range(start, n):
+                block_id = blocks[i].block_id
+                if block_id != last + 1:
+                    runs += 1
+                last = block_id
+            now[req_id] = (n, first, last, runs)
+            counts.append(runs)
+        self._seen = now
+        return counts
+
+
+def runs_summary(counts: Sequence[int]) -> dict[str, float]:
+    """Mean, nearest-rank p99 and max of per-request run counts (zeros when no request is live)."""
+    if not counts:
         return {"mean": 0.0, "p99": 0.0, "max": 0}
-    # One bucket per possible count up to the max, so no request lands in a clipped last bucket.
-    hist = engine.ranges_histogram(largest + 2)
-    rank = int(np.ceil(0.99 * live))  # nearest-rank p99
-    p99 = int(np.searchsorted(np.cumsum(hist), rank))
-    return {"mean": total / live, "p99": float(p99), "max": largest}
-
-
-def engine_snapshot(engine: RangeEngine, policy: str, stats: EngineStats | None = None) -> dict[str, Any]:
-    """One telemetry record of the engine's state now."""
-    s = stats if stats is not None else engine.stats()
-    return {
-        "t": time.time(),
-        "ranges_per_request": _ranges_per_request(
-            engine, s.live_requests, s.total_request_ranges, s.max_request_ranges
-        ),
-        "live_requests": s.live_requests,
-        "in_place_growths": s.in_place_growths,
-        "new_ranges": s.new_ranges,
-        "merges": s.merges,
-        "evictions": s.evictions,
-        "free_blocks": s.free_blocks,
-        "cached_only_blocks": s.cached_only_blocks,
-        "used_blocks": s.used_blocks,
-        "largest_free_range": s.largest_free_range,
-        "external_fragmentation": s.external_fragmentation,
-        "num_blocks": s.num_blocks,
-        "policy": policy,
-    }
+    ordered = sorted(counts)
+    p99 = ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+    return {"mean": sum(ordered) / len(ordered), "p99": float(p99), "max": ordered[-1]}
 
 
 class Telemetry:
-    """Writes :func:`engine_snapshot` lines at most every ``interval_s`` seconds on :meth:`on_step`."""
+    """Writes :meth:`snapshot` lines at most every ``interval_s`` seconds on :meth:`on_step`.
+
+    ``manager`` is a ``KVCacheManager`` (vLLM's or tagma's); ``engine`` tagma's range engine, for its
+    extra counters.
+    """
 
     def __init__(
-        self, engine: RangeEngine, policy: str, path: str | None = None, interval_s: float | None = None
+        self,
+        policy: str,
+        manager: Any,
+        engine: Any = None,
+        path: str | None = None,
+        interval_s: float | None = None,
     ) -> None:
-        self.engine = engine
         self.policy = policy
+        self.manager = manager
+        self.engine = engine
         self.path = path if path is not None else (os.environ.get(ENV_FILE) or None)
         self.interval_s = (
             interval_s if interval_s is not None else float(os.environ.get(ENV_INTERVAL, "1.0"))
         )
         self._next = 0.0
+        self._runs = BlockRuns()
         self.peak_ranges_per_request = 0
         self.peak_live_requests = 0
 
-    def snapshot(self, stats: EngineStats | None = None) -> dict[str, Any]:
-        record = engine_snapshot(self.engine, self.policy, stats)
-        self.peak_ranges_per_request = max(self.peak_ranges_per_request, record["ranges_per_request"]["max"])
-        self.peak_live_requests = max(self.peak_live_requests, record["live_requests"])
-        record["peak_ranges_per_request"] = self.peak_ranges_per_request
-        record["peak_live_requests"] = self.peak_live_requests
+    def snapshot(self) -> dict[str, Any]:
+        """One telemetry record of the manager's state now."""
+        manager = self.manager
+        pool = manager.block_pool
+        counts = self._runs.update(manager.coordinator.single_type_managers[0].req_to_blocks)
+        ranges = runs_summary(counts)
+        self.peak_ranges_per_request = max(self.peak_ranges_per_request, ranges["max"])
+        self.peak_live_requests = max(self.peak_live_requests, len(counts))
+        record: dict[str, Any] = {
+            "t": time.time(),
+            "ranges_per_request": ranges,
+            "live_requests": len(counts),
+            "free_blocks": pool.get_num_free_blocks(),
+            "num_blocks": pool.num_gpu_blocks,
+            "policy": self.policy,
+            "peak_ranges_per_request": self.peak_ranges_per_request,
+            "peak_live_requests": self.peak_live_requests,
+        }
+        if self.engine is not None:
+            s = self.engine.stats()
+            record.update(
+                in_place_growths=s.in_place_growths,
+                new_ranges=s.new_ranges,
+                merges=s.merges,
+                evictions=s.evictions,
+                cached_only_blocks=s.cached_only_blocks,
+                used_blocks=s.used_blocks,
+                largest_free_range=s.largest_free_range,
+                external_fragmentation=s.external_fragmentation,
+            )
         return record
 
     def on_step(self) -> None:
-        """Called every scheduler step: updates the peaks (one stats call), writes a line when one is due."""
+        """Called every scheduler step: writes a line when one is due."""
         if self.path is None:
             return
-        stats = self.engine.stats()
-        self.peak_ranges_per_request = max(self.peak_ranges_per_request, stats.max_request_ranges)
-        self.peak_live_requests = max(self.peak_live_requests, stats.live_requests)
         now = time.monotonic()
         if now < self._next:
             return
         self._next = now + self.interval_s
-        self.write(stats)
+        self.write()
 
-    def write(self, stats: EngineStats | None = None) -> None:
+    def write(self) -> None:
         if self.path is None:
             return
-        line = json.dumps(self.snapshot(stats), separators=(",", ":"))
+        line = json.dumps(self.snapshot(), separators=(",", ":"))
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
