@@ -421,8 +421,8 @@ def holm_adjust(p_values: Sequence[float]) -> list[float]:
 def holm(comparisons: Sequence[Comparison], alpha: float = 0.05) -> list[Comparison]:
     """Holm correction over the primary comparisons that have a p-value; verdicts re-decided from the
     adjusted p-values. Non-primary rows become "descriptive" (n/a stays n/a). Order is kept."""
-    tested = [i for i, c in enumerate(comparisons) if c.primary and c.p_value is not None]
-    adjusted = dict(zip(tested, holm_adjust([comparisons[i].p_value for i in tested]), strict=True))  # type: ignore[misc]
+    tested = {i: c.p_value for i, c in enumerate(comparisons) if c.primary and c.p_value is not None}
+    adjusted = dict(zip(tested, holm_adjust(list(tested.values())), strict=True))
     m = len(tested)
     out = []
     for i, c in enumerate(comparisons):
