@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from harness import plots_cli, report, sweep_report
 from harness.files import read_json, write_json
-from tests.test_report_and_resume import _fake_run, _meta
+from tests.test_report_and_resume import ABBA6, _fake_run, _meta
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -31,9 +31,8 @@ def _serve_run(root: Path, rate: float, slowdown: float) -> Path:
     cfg = read_json(root / "config.json")
     cfg["workload"] = {"name": "w"}
     cfg["load"] = {"mode": "open", "request_rate": rate, "max_concurrency": None}
-    cfg["run"] = {"n_boot": 100}
     write_json(root / "config.json", cfg)
-    for index, backend in enumerate(["paged", "tagma", "tagma", "paged"]):
+    for index, backend in enumerate(ABBA6):
         _fake_run(root, index, backend, scale=slowdown if backend == "tagma" else 1.0)
     report.write_report(root, n_boot=100)
     return root
