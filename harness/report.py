@@ -24,14 +24,7 @@ from harness.files import read_json, write_json, write_text_atomic
 from harness.statistics import Comparison
 
 TARGET_HALF_WIDTH = 0.03  # the resolution a run should reach on its primary metrics (3% of the ratio)
-__all__ = ["load_runs", "write_report", "telemetry_summary", "make_figures", "half_width"]
-
-
-def half_width(c: Comparison) -> float | None:
-    """Half the width of the ratio's 95% interval (0.03 = +-3%), None without an interval."""
-    if c.ci_low is None or c.ci_high is None:
-        return None
-    return (c.ci_high - c.ci_low) / 2.0
+__all__ = ["load_runs", "write_report", "telemetry_summary", "make_figures"]
 
 
 def telemetry_summary(run: dict) -> dict:
@@ -82,8 +75,8 @@ def _ci(c: Comparison) -> str:
 def resolution_lines(ab: list[Comparison], target: float = TARGET_HALF_WIDTH) -> list[str]:
     """The top of the report: each primary metric's achieved half-width, and whether it reaches ``target``."""
     primary = [c for c in ab if c.primary]
-    widths = {c.metric: half_width(c) for c in primary}
-    parts = [f"{m} +-{_pct(w)}" for m, w in widths.items()]
+    widths = {c.metric: c.half_width for c in primary}
+    parts = [f"{m} " + (f"+-{_pct(w)}" if w is not None else "no interval") for m, w in widths.items()]
     lines = [f"**Resolution (95% half-width of each primary ratio):** {'; '.join(parts) or 'none'}."]
     missing = [m for m, w in widths.items() if w is None or w > target]
     if missing:
@@ -171,7 +164,7 @@ def _markdown(meta: dict, runs: list[dict], ab: list[Comparison], host: list[str
         why = f" ({c.reason})" if c.reason else ""
         lines.append(
             f"| {c.metric} | {_fmt(c.baseline)} | {_fmt(c.candidate)} | {_fmt(c.ratio)} | {_ci(c)} | "
-            f"{_pct(half_width(c))} | {_fmt(c.p_adjusted)} | {c.verdict}{why} | "
+            f"{_pct(c.half_width)} | {_fmt(c.p_adjusted)} | {c.verdict}{why} | "
             f"{c.runs_baseline}/{c.runs_candidate} | {c.samples} | {c.method} |"
         )
     lines += ["", "## Descriptive metrics (no verdict)", "",
@@ -277,7 +270,7 @@ def write_report(root: Path, n_boot: int | None = None) -> Path:
         "kind": "A/A" if meta["backends"][0] == meta["backends"][1] else "A/B",
         "design": meta["config"].get("run", {}).get("design", "abba"),
         "arms": {a: arm_summary(runs, a, meta["backends"]) for a in ARMS},
-        "resolution": {c.metric: half_width(c) for c in ab if c.primary},
+        "resolution": {c.metric: c.half_width for c in ab if c.primary},
         "ab": [c.to_dict() for c in ab],
         "host_time": [c.to_dict() for c in host_rows],
         "runs": [{k: (v.name if k == "dir" else v) for k, v in r.items() if k not in _BULKY[:3]}
