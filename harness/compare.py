@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -24,13 +24,7 @@ import numpy as np
 from harness.files import read_json, read_jsonl
 from harness.statistics import Comparison, compare_by_run, compare_pairs, compare_run_values, holm
 
-Statistic = Callable[[np.ndarray], float]
-LATENCY_STATS: dict[str, Statistic] = {
-    "mean": lambda a: float(np.mean(a)),
-    "p50": lambda a: float(np.percentile(a, 50)),
-    "p90": lambda a: float(np.percentile(a, 90)),
-    "p99": lambda a: float(np.percentile(a, 99)),
-}
+LATENCY_STATS = ("mean", "p50", "p90", "p99")  # names of harness.statistics.STATS
 LATENCY_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 RUN_KEYS = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput")
 ARMS = ("baseline", "candidate")
@@ -109,9 +103,9 @@ def _abba(runs: Sequence[dict], backends: Sequence[str], primary: set[str], n_bo
     for key in LATENCY_KEYS:
         a = [request_values(r, key) for r in base]
         b = [request_values(r, key) for r in cand]
-        for stat_name, stat in LATENCY_STATS.items():
+        for stat_name in LATENCY_STATS:
             name = f"{stat_name}_{key}"
-            rows.append(compare_by_run(name, a, b, stat, lower_is_better=True, primary=name in primary,
+            rows.append(compare_by_run(name, a, b, stat_name, lower_is_better=True, primary=name in primary,
                                        n_boot=n_boot))  # fmt: skip
     for key in RUN_KEYS:
         a = [r["summary"].get(key) for r in base]
@@ -128,13 +122,13 @@ def _paired(
     rows: list[Comparison] = []
     for key in LATENCY_KEYS:
         a, b = paired_values(runs, backends, key)
-        for stat_name, stat in LATENCY_STATS.items():
+        for stat_name in LATENCY_STATS:
             name = f"{stat_name}_{key}"
-            rows.append(compare_pairs(name, a, b, stat, lower_is_better=True, primary=name in primary,
+            rows.append(compare_pairs(name, a, b, stat_name, lower_is_better=True, primary=name in primary,
                                       n_boot=n_boot))  # fmt: skip
     a, b = paired_values(runs, backends, "e2el_ms")
     for key in ("output_throughput", "request_throughput"):
-        c = compare_pairs(key, a, b, LATENCY_STATS["mean"], lower_is_better=True, primary=key in primary,
+        c = compare_pairs(key, a, b, "mean", lower_is_better=True, primary=key in primary,
                           n_boot=n_boot)  # fmt: skip
         rows.append(invert(c, key))
     return rows
@@ -217,7 +211,7 @@ def host_time_comparisons(
         if not a or not b:
             continue
         for stat_name in ("mean", "p99"):
-            rows.append(compare_by_run(f"{name}_us_per_step_{stat_name}", a, b, LATENCY_STATS[stat_name],
+            rows.append(compare_by_run(f"{name}_us_per_step_{stat_name}", a, b, stat_name,
                                        n_boot=n_boot))  # fmt: skip
         if config.get("run", {}).get("design") == "paired":
             per = [{}, {}]
@@ -227,6 +221,6 @@ def host_time_comparisons(
             pairs = sorted(set(per[0]) & set(per[1]))
             if pairs:
                 rows.append(compare_pairs(f"{name}_us_per_request", np.asarray([per[0][p] for p in pairs]),
-                                          np.asarray([per[1][p] for p in pairs]), LATENCY_STATS["mean"],
+                                          np.asarray([per[1][p] for p in pairs]), "mean",
                                           n_boot=n_boot))  # fmt: skip
     return rows
