@@ -18,7 +18,7 @@ from harness.workload import WorkloadSpec
 DEVICES = ("cpu", "cuda")
 DESIGNS = ("abba", "paired")
 ARM_NAMES = ("baseline", "candidate")
-DEFAULT_PRIMARY = ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "output_throughput")
+DEFAULT_PRIMARY = ("mean_ttft_ms", "p90_ttft_ms", "mean_tpot_ms", "p90_tpot_ms", "output_throughput")
 
 
 @dataclass(frozen=True)

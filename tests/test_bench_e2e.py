@@ -18,7 +18,7 @@ def test_small_ab_writes_a_complete_report(tmp_path: Path) -> None:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     cmd = [
         sys.executable, "-m", "harness.main",
-        f"results_dir={tmp_path}", "run_id=e2e", "run=ci",
+        f"results_dir={tmp_path}", "run_id=e2e", "run=ci", "load=poisson",
         "workload.name=e2e_small", "workload.num_requests=4", "workload.num_warmup=1",
         "workload.input_len={kind: uniform, low: 300, high: 900}",
         "workload.output_len={kind: fixed, value: 8}",
@@ -63,7 +63,7 @@ def test_real_paired_aa_gives_no_verdict(tmp_path: Path) -> None:
     cmd = [
         sys.executable, "-m", "harness.main",
         f"results_dir={tmp_path}", "run_id=aa", "run=ci", "backends=[paged,paged]", "run.design=paired",
-        "load=closed", "load.max_concurrency=1",
+        "load=serial",
         "workload.name=aa_small", "workload.num_requests=12", "workload.num_warmup=1",
         "workload.input_len={kind: uniform, low: 300, high: 900}",
         "workload.output_len={kind: fixed, value: 8}",

@@ -26,14 +26,15 @@ def test_default_is_the_cpu_16k_ab() -> None:
     assert cfg.backends == ("paged", "tagma")
     assert cfg.server.device == "cpu" and cfg.server.dtype == "float32"
     assert cfg.workload.input_len.low >= 12288 and cfg.workload.max_model_len == cfg.server.max_model_len
-    assert cfg.load.mode == "open" and cfg.run.repeats >= 2
+    assert cfg.run.design == "paired" and cfg.load.mode == "closed" and cfg.load.max_concurrency == 1
+    assert cfg.run.repeats >= 2 and not cfg.is_aa
     assert cfg.out_dir.parent == Path("/tmp/tagma-repo/results/serve")
 
 
 @pytest.mark.parametrize("load", ["poisson", "gamma", "closed"])
 @pytest.mark.parametrize("workload", ["sharegpt_16k_cpu", "sharegpt_16k", "sharegpt_natural"])
 def test_groups_compose(load: str, workload: str) -> None:
-    cfg = _compose(f"load={load}", f"workload={workload}", "server=gpu")
+    cfg = _compose(f"load={load}", f"workload={workload}", "server=gpu", "run.design=abba")
     assert cfg.load.mode == ("closed" if load == "closed" else "open")
     assert cfg.workload.name == workload
 
@@ -63,7 +64,7 @@ def test_rate_sweep_config_lists_rates() -> None:
         ("backends=[paged,vattention]", "backends"),
         ("backends=[paged]", "backends"),
         ("run.design=interleaved", "design"),
-        ("run.design=paired", "paired"),  # the default load is open-loop Poisson
+        ("load=poisson", "paired"),  # the default paired design sends one request at a time
         ("run.repeats=0", "repeats"),
         ("server.device=tpu", "device"),
         ("load.request_rate=-1", "request_rate"),
