@@ -91,8 +91,8 @@ def one_run(model: Path, backend: str, instrumented: bool, reqs: list[Req], work
             "backend": backend, "instrumented": instrumented, "duration_s": duration,
             "mean_tpot_ms": statistics.mean(r.tpot * 1000 for r in results),
             "mean_ttft_ms": statistics.mean(r.ttft * 1000 for r in results),
-            "output_tokens_per_s": sum(r.output_tokens for r in results) / duration,
-            "prompt_tokens": [r.prompt_tokens for r in measured],
+            "output_tokens_per_s": sum(r.completion_tokens or 0 for r in results) / duration,
+            "prompt_tokens": [r.prompt_tokens for r in results],
         }  # fmt: skip
         if instrumented:
             run = host_time.load_run(run_dir)
