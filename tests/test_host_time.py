@@ -286,6 +286,27 @@ def test_tagma_like_overrides_count_once_and_cost_the_same(monkeypatch: pytest.M
     assert paged[0]["kv_manager_ns"] == 1111 + 3 * 7  # one clock read's cost inside each timed call
 
 
+def test_async_order_pairs_each_schedule_with_its_own_update(monkeypatch: pytest.MonkeyPatch) -> None:
+    global CLOCK
+    CLOCK = FakeClock(0)
+    monkeypatch.setattr(hooks, "_clock", CLOCK)
+    clock = hooks.SchedulerClock()
+    writer = ListWriter()
+    clock.writer_factory = lambda role, backend: writer  # type: ignore[assignment,return-value]
+    sched_cls = type("Sched", (FakeScheduler,), {})
+    hooks.wrap_scheduler_class(sched_cls, clock)
+    manager = FakeManager()
+    hooks.instrument_kv_manager(manager, clock, hooks.kv_manager_methods(FakeManager))
+    scheduler = sched_cls(manager)
+    first = scheduler.schedule()  # async scheduling: the next step is scheduled before this one's update
+    second = scheduler.schedule()
+    scheduler.update_from_output(first, None)
+    scheduler.update_from_output(second, None)
+    rows = [dict(zip(COLUMNS["scheduler"], r, strict=True)) for r in writer.rows]
+    assert [(r["step"], r["num_tokens"], r["kv_manager_ns"]) for r in rows] == [(0, 40, 1111), (1, 1, 1011)]
+    assert [r["update_kv_manager_ns"] for r in rows] == [600, 600]  # each update's own frees
+
+
 class FakeBlockTable:
     def __init__(self) -> None:
         self.rows: dict[int, list[int]] = {}
