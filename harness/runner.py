@@ -109,6 +109,9 @@ class ServerRun:
 
     def __enter__(self) -> ServerRun:
         self.dir.mkdir(parents=True, exist_ok=True)
+        # A retried run starts clean: the server appends to these, and a second server's files would mix in.
+        for stale in [*self.dir.glob("host_time.*.jsonl"), self.dir / contract.TELEMETRY_FILE]:
+            stale.unlink(missing_ok=True)
         self.status["loadavg_before"] = round(loadavg_1min(), 2)
         self.server = Server(server_spec(self.cfg, self.arm, self.dir), self.dir / "server.log")
         self.server.start()
