@@ -69,7 +69,7 @@ bench-host: setup
 # KARGS e.g. "--contexts 16384 --batches 8", or "--dry-run" (tiny, on CPU under Triton's interpreter).
 KERNEL_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 bench-gpu-kernels:
-	$(KERNEL_PY) benchmarks/gpu_kernels.py $(KARGS)
+	$(KERNEL_PY) benchmarks/gpu/main.py $(KARGS)
 
 # The GPU profile: kernel pairs, then a real model by path, 16K then 128K at full size.
 # make bench-gpu MODEL=/path/to/checkpoint

@@ -2,7 +2,7 @@
 
 tagma serves exactly one full-attention KV cache group whose blocks a request only appends to, written
 through plain token-to-slot mappings. Everything else is refused with one line naming the feature. The
-KV cache manager (``tagma.manager``) repeats the group/spec checks on the real ``KVCacheConfig`` in the
+KV cache manager (``tagma.core.manager``) repeats the group/spec checks on the real ``KVCacheConfig`` in the
 engine core as a backstop for what only model loading reveals.
 """
 

@@ -17,8 +17,8 @@ TAGMA: Final = "tagma"
 BACKENDS: Final = (PAGED, TAGMA)
 CLI_FLAG: Final = "--kv-cache-backend"
 CLI_DEST: Final = "kv_cache_backend"
-# What scheduler_config.scheduler_cls names once tagma is selected (see tagma.scheduler).
-SCHEDULER_QUALNAME: Final = "tagma.scheduler.TagmaScheduler"
+# What scheduler_config.scheduler_cls names once tagma is selected (see tagma.core.scheduler).
+SCHEDULER_QUALNAME: Final = "tagma.core.scheduler.TagmaScheduler"
 
 
 class TagmaConfigError(ValueError):

@@ -8,7 +8,7 @@ vLLM's own ``BlockTables.compute_slot_mappings`` stays; the Triton kernel it lau
 ``vllm.v1.worker.gpu.block_table._compute_slot_mappings_kernel``, is swapped through vLLM's kernel
 dispatcher (``vllm.triton_utils.dispatcher.register_kernels``) for :func:`slot_mappings_from_ranges`,
 which finds the launching ``RangeBlockTables`` by its ``block_table_ptrs`` tensor and runs tagma's kernel
-(``tagma.triton_slot_mapping``) over its descriptors, into vLLM's ``slot_mappings`` buffer.
+(``tagma.worker.triton_slot_mapping``) over its descriptors, into vLLM's ``slot_mappings`` buffer.
 
 Imported only in a tagma worker that runs Model Runner V2 (which itself needs Triton).
 """
@@ -24,8 +24,8 @@ from vllm.v1.worker.gpu import block_table as v2_block_table
 from vllm.v1.worker.gpu import model_runner as v2_model_runner
 from vllm.v1.worker.gpu.block_table import BlockTables
 
-from tagma.range_rows import RangeRows
-from tagma.triton_slot_mapping import compute_slot_mapping_ranges
+from tagma.worker.range_rows import RangeRows
+from tagma.worker.triton_slot_mapping import compute_slot_mapping_ranges
 
 __all__ = ["KERNEL_NAME", "RangeBlockTables", "install_v2", "slot_mappings_from_ranges", "uninstall_v2"]
 

@@ -9,9 +9,9 @@ admitting waiting requests; a request is admitted only while the blocks it will 
 (so there is no preemption), at most ``max_running`` at once; a request releases its blocks when it has
 written prompt + output tokens. Every ``snapshot_every`` steps after ``warmup_requests`` completions, the
 ranges of every live request are recorded. The result, a histogram of range lengths (in blocks, one count
-per range seen), is what :func:`tagma.kernels.placement.fragmented` samples from.
+per range seen), is what :func:`benchmarks.gpu.placement.fragmented` samples from.
 
-``python -m tagma.kernels.fragmentation`` regenerates ``fragmentation_trace.json``: one trace per placement
+``python -m benchmarks.fragmentation_sim`` regenerates ``fragmentation_trace.json``: one trace per placement
 policy (headroom, the manager's default; best_fit; first_fit), deterministic for a config and engine.
 """
 
@@ -29,7 +29,7 @@ import numpy as np
 
 __all__ = ["DEFAULT_TRACE_PATH", "POLICIES", "TraceConfig", "load_trace", "run_trace"]
 
-DEFAULT_TRACE_PATH = Path(__file__).with_name("fragmentation_trace.json")
+DEFAULT_TRACE_PATH = Path(__file__).parent / "gpu" / "fragmentation_trace.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +134,7 @@ def run_trace(config: TraceConfig | None = None) -> dict[str, Any]:
     arr_len, arr_cnt = np.array(lengths, dtype=np.float64), np.array(counts, dtype=np.float64)
     cum = np.cumsum(arr_cnt) / arr_cnt.sum()
     return {
-        "source": "tagma.kernels.fragmentation: RangeEngine, concurrent chunked-prefill + decode trace",
+        "source": "benchmarks.fragmentation_sim: RangeEngine, concurrent chunked-prefill + decode trace",
         "engine_version": version(),
         "config": asdict(cfg),
         "steps": step,

@@ -2,7 +2,7 @@
 
 The whole scheduler-facing contract (coordinator, single-type manager, hashing, ``KVCacheBlock`` objects,
 prefix-cache map, events, stats) is inherited from the installed vLLM. After vLLM builds it, the block pool
-becomes a :class:`~tagma.block_pool.TagmaBlockPool` (the same object, converted in place) backed by one
+becomes a :class:`~tagma.core.block_pool.TagmaBlockPool` (the same object, converted in place) backed by one
 :class:`~tagma.engine.RangeEngine`. The public calls that take or free a request's blocks (``allocate_slots``,
 ``free``, ``pop_blocks_for_free``) tell the pool which request they are for. Only one full-attention KV cache
 group is supported.
@@ -32,7 +32,7 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.request import Request
 
-from tagma.block_pool import TagmaBlockPool
+from tagma.core.block_pool import TagmaBlockPool
 from tagma.engine import I32Array, Policy, RangeEngine
 from tagma.telemetry import Telemetry
 

@@ -2,7 +2,7 @@
 
 vLLM has no option for the KV cache manager: ``Scheduler.__init__`` builds ``KVCacheManager(...)`` by the
 name imported into ``vllm.v1.core.sched.scheduler``. These subclasses bind that name to
-:class:`tagma.manager.TagmaKVCacheManager` for the duration of their own construction only, so any other
+:class:`tagma.core.manager.TagmaKVCacheManager` for the duration of their own construction only, so any other
 scheduler in the process keeps vLLM's manager. The engine core resolves
 ``scheduler_config.scheduler_cls`` by qualified name and calls it with keyword arguments;
 :class:`TagmaScheduler` then picks the async or the sync base exactly as vLLM's ``get_scheduler_cls`` does.
@@ -17,7 +17,7 @@ from vllm.v1.core.sched import scheduler as scheduler_module
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from tagma.manager import TagmaKVCacheManager
+from tagma.core.manager import TagmaKVCacheManager
 from tagma.selector import SCHEDULER_QUALNAME
 
 __all__ = ["SCHEDULER_QUALNAME", "TagmaAsyncScheduler", "TagmaScheduler"]

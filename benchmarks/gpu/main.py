@@ -15,13 +15,13 @@ It reports achieved memory bandwidth (useful bytes: KV read, or new K/V rows rea
 queries/outputs/positions/slots) as a fraction of the device's peak and of a measured device copy, and
 the tagma/paged ratio of medians with a bootstrap 95% interval. Placements: ``contiguous`` (each request
 one range: tagma's assumption holds) and ``fragmented:<policy>`` (range lengths drawn from the tagma
-engine's serving trace under that policy, ``tagma/kernels/fragmentation_trace.json``; see
-``tagma.kernels.fragmentation``). Before timing, every configuration checks that paged and tagma agree
+engine's serving trace under that policy, ``benchmarks/gpu/fragmentation_trace.json``; see
+``benchmarks.fragmentation_sim``). Before timing, every configuration checks that paged and tagma agree
 and match a float32 SDPA reference on the first requests.
 
-    python benchmarks/gpu_kernels.py                 # a CUDA GPU; about 5 min on an H100/H200
-    python benchmarks/gpu_kernels.py --contexts 16384 --batches 8 --placements contiguous
-    python benchmarks/gpu_kernels.py --dry-run       # CPU, Triton interpreter, tiny sizes: NOT a measurement
+    python benchmarks/gpu/main.py                 # a CUDA GPU; about 5 min on an H100/H200
+    python benchmarks/gpu/main.py --contexts 16384 --batches 8 --placements contiguous
+    python benchmarks/gpu/main.py --dry-run       # CPU, Triton interpreter, tiny sizes: NOT a measurement
 
 Needs torch and Triton, not vLLM. Writes ``results/gpu/<run-id>/kernels.json`` (config, machine,
 versions, commit, placements, checks, every timing and ratio), ``ratios.png`` and ``bandwidth.png``;
@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 # Peak DRAM bandwidth (GB/s) by device-name substring, most specific first (vendor datasheets).
@@ -145,7 +145,7 @@ def check_device(s: Settings) -> None:
     if s.device == "cuda" and not torch.cuda.is_available():
         sys.exit(
             f"gpu_kernels: no CUDA GPU visible to torch {torch.__version__}; this benchmark needs one. "
-            "`python benchmarks/gpu_kernels.py --dry-run` runs the pipeline on CPU under Triton's interpreter"
+            "`python benchmarks/gpu/main.py --dry-run` runs the pipeline on CPU under Triton's interpreter"
         )
     try:
         import triton  # noqa: F401
@@ -185,7 +185,7 @@ def machine(s: Settings) -> dict[str, Any]:
             sms=props.multi_processor_count,
             memory_bytes=props.total_memory,
             peak_gbps=peak_gbps(props.name),
-            peak_source="datasheet table in benchmarks/gpu_kernels.py",
+            peak_source="datasheet table in benchmarks/gpu/main.py",
             copy_gbps=copy_bandwidth(),
         )
     else:
@@ -284,8 +284,9 @@ class Bench:
     def __init__(self, s: Settings, info: dict[str, Any]) -> None:
         import torch
 
-        from tagma.kernels import decode_attention, placement, reference, write
-        from tagma.kernels.fragmentation import load_trace
+        from benchmarks.fragmentation_sim import load_trace
+        from benchmarks.gpu import placement, reference
+        from tagma.kernels import decode_attention, write
 
         self.s, self.info = s, info
         self.torch, self.da, self.pl, self.ref, self.wr = torch, decode_attention, placement, reference, write
@@ -682,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     bench = Bench(s, info)
     results = bench.run()
-    from tagma.kernels.fragmentation import DEFAULT_TRACE_PATH, load_trace
+    from benchmarks.fragmentation_sim import DEFAULT_TRACE_PATH, load_trace
 
     traces = {p: load_trace(p.split(":", 1)[1]) for p in s.placements if p.startswith("fragmented:")}
     result = {
