@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.arrivals import LoadSpec
-from harness.launcher import BACKENDS
 from harness.workload import WorkloadSpec
+from tagma.contract import BACKENDS
 
 DEVICES = ("cpu", "cuda")
 
@@ -72,7 +72,7 @@ class BenchConfig:
     run: RunConfig
     out_dir: Path
     data_dir: Path
-    backends: tuple[str, str] = ("paged", "tagma")
+    backends: tuple[str, str] = BACKENDS
 
     def __post_init__(self) -> None:
         if len(self.backends) != 2 or len(set(self.backends)) != 2 or not set(self.backends) <= set(BACKENDS):
@@ -99,5 +99,5 @@ def from_mapping(cfg: dict[str, Any]) -> BenchConfig:
         run=RunConfig(**{**cfg["run"], "slos": dict(cfg["run"].get("slos") or {})}),
         out_dir=Path(cfg["out_dir"]),
         data_dir=Path(cfg["data_dir"]),
-        backends=tuple(cfg.get("backends", ("paged", "tagma"))),
+        backends=tuple(cfg.get("backends", BACKENDS)),
     )

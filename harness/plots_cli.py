@@ -14,6 +14,7 @@ from pathlib import Path
 
 from harness import plots, report
 from harness.files import read_json
+from tagma.contract import BACKENDS
 
 
 def is_serve_run(run_dir: Path) -> bool:
@@ -29,7 +30,7 @@ def serve_meta(run_dir: Path) -> dict:
         "config": read_json(run_dir / "config.json"),
         "workload": read_json(run_dir / "workload.json"),
     }
-    meta["backends"] = tuple(meta["config"].get("backends", ("paged", "tagma")))
+    meta["backends"] = tuple(meta["config"].get("backends", BACKENDS))
     return meta
 
 

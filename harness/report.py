@@ -14,6 +14,7 @@ import numpy as np
 from harness import plots
 from harness.ab import RatioCI, paired_ratio_ci, run_ratio_ci
 from harness.files import read_json, read_jsonl, write_json, write_text_atomic
+from tagma.contract import BACKENDS
 
 LATENCY_STATS = {
     "mean": np.mean,
@@ -223,7 +224,7 @@ def write_report(root: Path, n_boot: int = 2000) -> Path:
         "environment": read_json(root / "environment.json"),
         "workload": read_json(root / "workload.json"),
     }
-    meta["backends"] = tuple(meta["config"].get("backends", ("paged", "tagma")))
+    meta["backends"] = tuple(meta["config"].get("backends", BACKENDS))
     runs = load_runs(root)
     ab = ab_table(runs, meta["backends"], n_boot)
     figures = make_figures(root, runs, ab, meta)

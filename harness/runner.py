@@ -29,6 +29,7 @@ from harness.launcher import Server, ServerError, ServerSpec
 from harness.metrics import summarize
 from harness.server_telemetry import TelemetrySampler
 from harness.workload import Workload
+from tagma.contract import ENV_TELEMETRY_FILE, ENV_TELEMETRY_INTERVAL_S, PLACEMENT_TELEMETRY_FILE
 
 
 class RunFailed(RuntimeError):
@@ -47,8 +48,8 @@ def server_spec(cfg: BenchConfig, backend: str, run_dir: Path) -> ServerSpec:
     s = cfg.server
     env = {
         **s.env,
-        "TAGMA_TELEMETRY_FILE": str(run_dir / "tagma_telemetry.jsonl"),
-        "TAGMA_TELEMETRY_INTERVAL_S": f"{cfg.run.telemetry_interval_s:g}",
+        ENV_TELEMETRY_FILE: str(run_dir / PLACEMENT_TELEMETRY_FILE),
+        ENV_TELEMETRY_INTERVAL_S: f"{cfg.run.telemetry_interval_s:g}",
     }
     return ServerSpec(
         model=cfg.model.path,
@@ -110,7 +111,7 @@ def run_one(cfg: BenchConfig, backend: str, index: int, workload: Workload, run_
             assert server.proc is not None
             sampler = TelemetrySampler(
                 server.base_url, server.proc.pid, cfg.run.telemetry_interval_s,
-                run_dir / "tagma_telemetry.jsonl",
+                run_dir / PLACEMENT_TELEMETRY_FILE,
             )  # fmt: skip
             desc = f"run {index:02d} {backend}"
             with sampler, tqdm(total=len(workload.requests), desc=desc, unit="req", leave=False) as bar:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from harness import plots, report
 from harness.files import read_json, write_json, write_text_atomic
+from tagma.contract import BACKENDS
 
 METRICS = (
     "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "p99_itl_ms", "mean_e2el_ms",
@@ -46,7 +47,7 @@ def find_runs(root: Path, max_depth: int = 3) -> list[Path]:
 def cell(run_dir: Path, n_boot: int | None = None) -> dict:
     """One sweep cell: what it ran (workload, load, backends) and its A/B rows by metric."""
     cfg = read_json(run_dir / "config.json")
-    backends = tuple(cfg.get("backends", ("paged", "tagma")))
+    backends = tuple(cfg.get("backends", BACKENDS))
     summary = read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
     ab = summary.get("ab")
     if ab is None:

@@ -11,12 +11,11 @@ import argparse
 from collections.abc import Mapping
 from typing import Any, Final
 
-CONFIG_KEY: Final = "kv_cache_backend"
-PAGED: Final = "paged"
-TAGMA: Final = "tagma"
-BACKENDS: Final = (PAGED, TAGMA)
-CLI_FLAG: Final = "--kv-cache-backend"
-CLI_DEST: Final = "kv_cache_backend"
+from tagma.contract import BACKENDS, CLI_FLAG, CONFIG_KEY, PAGED, TAGMA
+
+__all__ = ["BACKENDS", "CLI_FLAG", "CONFIG_KEY", "PAGED", "SCHEDULER_QUALNAME", "TAGMA", "TagmaConfigError"]
+
+CLI_DEST: Final = CONFIG_KEY
 # What scheduler_config.scheduler_cls names once tagma is selected (see tagma.core.scheduler).
 SCHEDULER_QUALNAME: Final = "tagma.core.scheduler.TagmaScheduler"
 

@@ -8,19 +8,19 @@ since start) also cover requests that came and went between two lines.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any
 
 import numpy as np
 
+from tagma.contract import ENV_TELEMETRY_FILE, ENV_TELEMETRY_INTERVAL_S, PlacementRecord
 from tagma.engine import EngineStats, RangeEngine
 
 __all__ = ["Telemetry", "engine_snapshot"]
 
-ENV_FILE = "TAGMA_TELEMETRY_FILE"
-ENV_INTERVAL = "TAGMA_TELEMETRY_INTERVAL_S"
+ENV_FILE = ENV_TELEMETRY_FILE
+ENV_INTERVAL = ENV_TELEMETRY_INTERVAL_S
 
 
 def _ranges_per_request(engine: RangeEngine, live: int, total: int, largest: int) -> dict[str, float]:
@@ -96,6 +96,6 @@ class Telemetry:
     def write(self, stats: EngineStats | None = None) -> None:
         if self.path is None:
             return
-        line = json.dumps(self.snapshot(stats), separators=(",", ":"))
+        line = PlacementRecord.from_dict(self.snapshot(stats)).to_json()
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")

@@ -32,13 +32,14 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.request import Request
 
+from tagma.contract import ENV_PLACEMENT
 from tagma.core.block_pool import TagmaBlockPool
 from tagma.engine import I32Array, Policy, RangeEngine
 from tagma.telemetry import Telemetry
 
 __all__ = ["ENV_POLICY", "TagmaKVCacheManager", "resolve_policy", "unsupported_feature"]
 
-ENV_POLICY = "TAGMA_PLACEMENT"
+ENV_POLICY = ENV_PLACEMENT
 # Headroom by default: under interleaved decode best/first fit place each new request right after the
 # previous one, so no request can grow in place (measured: one range per block); headroom keeps one range.
 DEFAULT_POLICY = "headroom"

@@ -1,0 +1,124 @@
+"""The contract between tagma (the system under test) and whoever serves and measures it.
+
+The harness starts ``vllm serve`` with a backend flag and a few environment variables and reads back the
+files the server writes; tagma reads the same flag and variables and writes those files. Both sides import
+the names below from here, so a name changed here changes on both sides. This module imports only the
+standard library: the harness imports it without vLLM, torch or the engine library.
+
+Backends: ``paged`` is stock vLLM (a block table per request), ``tagma`` is contiguous-range placement.
+The choice travels as ``--kv-cache-backend {paged,tagma}`` or as ``additional_config["kv_cache_backend"]``.
+
+Environment of a tagma server (all optional):
+
+* ``TAGMA_TELEMETRY_FILE``: append one :class:`PlacementRecord` per line (JSON) to this file; unset: no
+  file I/O at all;
+* ``TAGMA_TELEMETRY_INTERVAL_S``: the least time between two lines (default 1.0 s);
+* ``TAGMA_PLACEMENT``: the engine's placement policy (``first_fit`` | ``best_fit`` | ``headroom``);
+* ``TAGMA_HOST_TIME_FILE``: where the server writes its in-server host (CPU) time records.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Final
+
+__all__ = [
+    "BACKENDS",
+    "CLI_FLAG",
+    "CONFIG_KEY",
+    "DEFAULT_TELEMETRY_INTERVAL_S",
+    "ENV_HOST_TIME_FILE",
+    "ENV_PLACEMENT",
+    "ENV_TELEMETRY_FILE",
+    "ENV_TELEMETRY_INTERVAL_S",
+    "HOST_TIME_FILE",
+    "PAGED",
+    "PLACEMENT_TELEMETRY_FILE",
+    "TAGMA",
+    "PlacementRecord",
+    "RangesPerRequest",
+]
+
+# ---- backends and how a server is told which one to use
+PAGED: Final = "paged"
+TAGMA: Final = "tagma"
+BACKENDS: Final = (PAGED, TAGMA)
+CLI_FLAG: Final = "--kv-cache-backend"
+CONFIG_KEY: Final = "kv_cache_backend"  # the additional_config entry, and the flag's argparse dest
+
+# ---- environment variables a tagma server reads
+ENV_TELEMETRY_FILE: Final = "TAGMA_TELEMETRY_FILE"
+ENV_TELEMETRY_INTERVAL_S: Final = "TAGMA_TELEMETRY_INTERVAL_S"
+DEFAULT_TELEMETRY_INTERVAL_S: Final = 1.0
+ENV_PLACEMENT: Final = "TAGMA_PLACEMENT"
+ENV_HOST_TIME_FILE: Final = "TAGMA_HOST_TIME_FILE"
+
+# ---- files the harness asks a server to write, inside one run's directory
+PLACEMENT_TELEMETRY_FILE: Final = "tagma_telemetry.jsonl"
+HOST_TIME_FILE: Final = "tagma_host_time.jsonl"
+
+
+@dataclass(frozen=True, slots=True)
+class RangesPerRequest:
+    """Ranges per live request: mean, nearest-rank p99 and max (all 0 when no request is live)."""
+
+    mean: float
+    p99: float
+    max: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRecord:
+    """One line of ``TAGMA_TELEMETRY_FILE``: the range engine's placement state at time ``t``.
+
+    Block counts are in blocks of the KV cache; ``external_fragmentation`` is 1 - largest free range / free
+    blocks. ``in_place_growths``, ``new_ranges``, ``merges`` and ``evictions`` count since the engine
+    started. The two peaks are maxima since start, updated every scheduler step, so they also cover
+    requests that came and went between two lines; a record built outside the periodic writer has none.
+    """
+
+    t: float  # Unix time (time.time())
+    ranges_per_request: RangesPerRequest
+    live_requests: int
+    in_place_growths: int
+    new_ranges: int
+    merges: int
+    evictions: int
+    free_blocks: int
+    cached_only_blocks: int
+    used_blocks: int
+    largest_free_range: int
+    external_fragmentation: float
+    num_blocks: int
+    policy: str
+    peak_ranges_per_request: int | None = None
+    peak_live_requests: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as the JSON object a telemetry line holds (peaks left out when unknown)."""
+        out = asdict(self)
+        for key in ("peak_ranges_per_request", "peak_live_requests"):
+            if out[key] is None:
+                del out[key]
+        return out
+
+    def to_json(self) -> str:
+        """One compact JSON line (no newline)."""
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PlacementRecord:
+        """A record from a parsed telemetry line; unknown keys are ignored, missing ones raise ValueError."""
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        try:
+            values["ranges_per_request"] = RangesPerRequest(**data["ranges_per_request"])
+            return cls(**values)
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a tagma placement telemetry record: {e}") from e
+
+    @classmethod
+    def from_json(cls, line: str) -> PlacementRecord:
+        """A record from one telemetry line."""
+        return cls.from_dict(json.loads(line))
