@@ -12,16 +12,13 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from tagma.contract import BACKENDS, CLI_FLAG, CONFIG_KEY, PAGED, TAGMA
+from tagma.errors import TagmaConfigError
 
 __all__ = ["BACKENDS", "CLI_FLAG", "CONFIG_KEY", "PAGED", "SCHEDULER_QUALNAME", "TAGMA", "TagmaConfigError"]
 
 CLI_DEST: Final = CONFIG_KEY
 # What scheduler_config.scheduler_cls names once tagma is selected (see tagma.core.scheduler).
 SCHEDULER_QUALNAME: Final = "tagma.core.scheduler.TagmaScheduler"
-
-
-class TagmaConfigError(ValueError):
-    """A configuration tagma refuses; its message is one line starting with ``tagma:``."""
 
 
 def add_cli_flag(parser: argparse.ArgumentParser) -> None:

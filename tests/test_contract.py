@@ -73,3 +73,18 @@ def test_the_telemetry_writer_writes_contract_records(tmp_path: Path) -> None:
     assert record.to_dict() == json.loads(line)  # nothing written that the record does not name
     assert record.live_requests == 1 and record.ranges_per_request.max == 1
     assert record.used_blocks == 5 and record.peak_live_requests == 1
+
+
+def test_every_refusal_is_one_error_type() -> None:
+    from tagma.errors import TagmaConfigError, TagmaUnsupported
+
+    err = TagmaUnsupported("context parallelism")
+    assert str(err) == "tagma: unsupported: context parallelism" and err.feature == "context parallelism"
+    assert isinstance(err, TagmaConfigError) and isinstance(err, ValueError)
+    assert isinstance(err, NotImplementedError)
+    spelled = []
+    for path in (ROOT / "tagma").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and str(node.value).startswith("tagma: unsupported"):
+                spelled.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert spelled and all(s.startswith("tagma/errors.py") for s in spelled), spelled

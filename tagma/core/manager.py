@@ -35,6 +35,7 @@ from vllm.v1.request import Request
 from tagma.contract import ENV_PLACEMENT
 from tagma.core.block_pool import TagmaBlockPool
 from tagma.engine import I32Array, Policy, RangeEngine
+from tagma.errors import TagmaUnsupported
 from tagma.telemetry import Telemetry
 
 __all__ = ["ENV_POLICY", "TagmaKVCacheManager", "resolve_policy", "unsupported_feature"]
@@ -101,7 +102,7 @@ class TagmaKVCacheManager(KVCacheManager):
 
     Takes the installed vLLM's constructor arguments (passed through unchanged) plus ``placement_policy``
     (``first_fit`` | ``best_fit`` | ``headroom``; default ``$TAGMA_PLACEMENT`` or headroom). Raises
-    ``ValueError("tagma: unsupported: <feature>")`` for configurations it cannot serve.
+    ``TagmaUnsupported("<feature>")`` (a ``ValueError``) for configurations it cannot serve.
     """
 
     block_pool: TagmaBlockPool
@@ -118,17 +119,17 @@ class TagmaKVCacheManager(KVCacheManager):
         bound.apply_defaults()
         feature = unsupported_feature(kv_cache_config, bound.arguments)
         if feature is not None:
-            raise ValueError(f"tagma: unsupported: {feature}")
+            raise TagmaUnsupported(feature)
         policy = resolve_policy(placement_policy)
 
         super().__init__(kv_cache_config, max_model_len, *args, **kwargs)
 
         coordinator = self.coordinator
         if type(coordinator) not in (UnitaryKVCacheCoordinator, KVCacheCoordinatorNoPrefixCache):
-            raise ValueError(f"tagma: unsupported: KV cache coordinator {type(coordinator).__name__}")
+            raise TagmaUnsupported(f"KV cache coordinator {type(coordinator).__name__}")
         (manager,) = coordinator.single_type_managers
         if type(manager) is not FullAttentionManager:
-            raise ValueError(f"tagma: unsupported: single-type manager {type(manager).__name__}")
+            raise TagmaUnsupported(f"single-type manager {type(manager).__name__}")
         pool = coordinator.block_pool
         self.policy = policy
         self.policy_name = policy.name.lower()

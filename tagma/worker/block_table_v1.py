@@ -22,6 +22,7 @@ from vllm.v1.worker import block_table as v1_block_table
 from vllm.v1.worker.block_table import BlockTable, SlotMappingMode
 
 from tagma import engine
+from tagma.errors import TagmaUnsupported
 from tagma.worker.range_rows import RangeRows
 
 __all__ = ["RangeBlockTable", "install", "installed", "uninstall"]
@@ -36,7 +37,7 @@ class RangeBlockTable(BlockTable):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.dcp_world_size > 1 or self.pcp_world_size > 1:
-            raise ValueError("tagma: unsupported: context parallelism in the worker write path")
+            raise TagmaUnsupported("context parallelism in the worker write path")
         self.range_rows = RangeRows(self.max_num_reqs)
         logger.info("tagma: RangeBlockTable(block_size=%d, max_num_reqs=%d, device=%s)",
                     self.block_size, self.max_num_reqs, self.device)
@@ -67,7 +68,7 @@ class RangeBlockTable(BlockTable):
     def clear(self) -> None:
         # vLLM zeroes the dense tables here and later restores them by copy (elastic EP's
         # preserve_serving_state), bypassing the row API: descriptors could not follow. Refuse loudly.
-        raise NotImplementedError("tagma: unsupported: BlockTable.clear (elastic EP serving-state swap)")
+        raise TagmaUnsupported("BlockTable.clear (elastic EP serving-state swap)")
 
     # ---- the write path
 
