@@ -301,13 +301,8 @@ def test_decode_attention_request_without_tokens_gives_zeros(kernels: SimpleName
 
 
 def test_peak_bandwidth_table_matches_the_most_specific_name() -> None:
-    spec = importlib.util.spec_from_file_location("gpu_kernels", ROOT / "benchmarks" / "gpu" / "main.py")
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_kernels"] = bench  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(bench)
-    finally:
-        del sys.modules["gpu_kernels"]
+    from benchmarks.gpu import machine as bench
+
     assert bench.peak_gbps("NVIDIA H200") == 4800
     assert bench.peak_gbps("NVIDIA GH200 480GB") == 4000
     assert bench.peak_gbps("NVIDIA H100 80GB HBM3") == 3350
@@ -408,7 +403,7 @@ def test_cpu_side_modules_import_no_triton_and_serving_never_imports_kernels() -
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_benchmark_refuses_to_run_without_a_gpu(tmp_path: Path) -> None:
-    done = run_python("benchmarks/gpu/main.py", "--out-dir", str(tmp_path))
+    done = run_python("-m", "benchmarks.gpu", "--out-dir", str(tmp_path))
     assert done.returncode != 0 and "no CUDA GPU" in done.stderr and "--dry-run" in done.stderr
     assert not any(tmp_path.iterdir())
 
@@ -417,7 +412,7 @@ def test_benchmark_refuses_to_run_without_a_gpu(tmp_path: Path) -> None:
 def test_benchmark_dry_run_writes_json_and_plots(tmp_path: Path) -> None:
     pytest.importorskip("triton")
     done = run_python(
-        "benchmarks/gpu/main.py", "--dry-run", "--out-dir", str(tmp_path), "--run-id", "smoke"
+        "-m", "benchmarks.gpu", "--dry-run", "--out-dir", str(tmp_path), "--run-id", "smoke"
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     out = tmp_path / "smoke"
