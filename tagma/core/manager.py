@@ -179,9 +179,3 @@ class TagmaKVCacheManager(KVCacheManager):
             return np.empty(0, dtype=np.int32)
         return self.engine.blocks(eng)
 
-    def engine_ranges(self, request_id: str) -> I32Array:
-        """The request's ranges as (physical_start, count, first_logical) rows."""
-        eng = self.block_pool.engine_request(request_id)
-        if eng is None:
-            return np.empty((0, 3), dtype=np.int32)
-        return self.engine.ranges_array(eng)
