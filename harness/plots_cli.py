@@ -1,8 +1,9 @@
-"""Regenerate every figure of a results directory without Jupyter: `python -m harness.plots_cli RUN_DIR`.
+"""Regenerate every figure of a serve run or a sweep without Jupyter: `python -m harness.plots_cli RUN_DIR`.
 
-RUN_DIR is a serve run (config.json + runs/), a host-bench run (host_bench.json) or a sweep directory (one
-serve run per subdirectory, e.g. a Hydra multirun dir). The figures come from the same functions the reports
-and the notebooks call (harness.plots, harness.report.make_figures, benchmarks.host.report.plots).
+RUN_DIR is a serve run (config.json + runs/) or a sweep directory (serve runs below it, e.g. a Hydra
+multirun dir). The figures come from the same functions the reports and the notebooks call
+(harness.plots, harness.report.make_figures). Benchmark results have their own entry points
+(`python -m benchmarks.host.report RUN_DIR`); `make plots` picks the one that fits a directory.
 """
 
 from __future__ import annotations
@@ -15,14 +16,8 @@ from pathlib import Path
 from harness import plots, report
 from harness.compare import comparisons
 from harness.files import read_json
-
-
-def is_serve_run(run_dir: Path) -> bool:
-    return (run_dir / "config.json").exists() and (run_dir / "runs").is_dir()
-
-
-def is_host_run(run_dir: Path) -> bool:
-    return (run_dir / "host_bench.json").exists()
+from harness.run_dirs import find_serve_runs, is_serve_run
+from tagma.contract import BACKENDS
 
 
 def serve_meta(run_dir: Path) -> dict:
@@ -30,7 +25,7 @@ def serve_meta(run_dir: Path) -> dict:
         "config": read_json(run_dir / "config.json"),
         "workload": read_json(run_dir / "workload.json"),
     }
-    meta["backends"] = tuple(meta["config"].get("backends", ("paged", "tagma")))
+    meta["backends"] = tuple(meta["config"].get("backends", BACKENDS))
     return meta
 
 
@@ -66,7 +61,7 @@ def ranges_over_time(series: Mapping[str, tuple[Sequence[float], Sequence[float]
     ax.grid(alpha=0.3)
     if series:
         ax.legend(fontsize=7)
-    return plots._save(fig, path)
+    return plots.save_figure(fig, path)
 
 
 def serve_figures(run_dir: Path, n_boot: int | None = None, out_root: Path | None = None) -> list[Path]:
@@ -85,33 +80,22 @@ def serve_figures(run_dir: Path, n_boot: int | None = None, out_root: Path | Non
     return figures
 
 
-def host_figures(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
-    """benchmarks.host.report's figures, into out_dir (default: run_dir, where the host bench puts them)."""
-    from benchmarks.host import report as host_report
-
-    out_dir = Path(out_dir) if out_dir is not None else run_dir
-    result = read_json(run_dir / "host_bench.json")
-    return [out_dir / name for name in host_report.plots(result, out_dir)]
-
-
 def regenerate(run_dir: Path, n_boot: int | None = None) -> list[Path]:
     run_dir = Path(run_dir).resolve()
-    if is_host_run(run_dir):
-        return host_figures(run_dir)
     if is_serve_run(run_dir):
         return serve_figures(run_dir, n_boot)
     from harness import sweep_report
 
-    cells = sweep_report.find_runs(run_dir)
+    cells = find_serve_runs(run_dir)
     if not cells:
-        raise SystemExit(f"{run_dir}: not a serve run, a host-bench run or a sweep of serve runs")
+        raise SystemExit(f"{run_dir}: neither a serve run nor a sweep of serve runs")
     figures = [f for cell in cells for f in serve_figures(cell, n_boot)]
     return figures + [sweep_report.write_sweep_report(run_dir, n_boot=n_boot)[1]]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("run_dirs", nargs="+", type=Path, help="serve, host-bench or sweep results directories")
+    ap.add_argument("run_dirs", nargs="+", type=Path, help="serve run or sweep directories")
     ap.add_argument("--n-boot", type=int, default=None, help="bootstrap resamples (default: the run's)")
     args = ap.parse_args(argv)
     for d in args.run_dirs:

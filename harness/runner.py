@@ -69,7 +69,7 @@ def server_spec(cfg: BenchConfig, arm: Arm, run_dir: Path) -> ServerSpec:
     s = cfg.server
     env = {
         **s.env,
-        contract.ENV_TELEMETRY_FILE: str(run_dir / contract.TELEMETRY_FILE),
+        contract.ENV_TELEMETRY_FILE: str(run_dir / contract.PLACEMENT_TELEMETRY_FILE),
         contract.ENV_TELEMETRY_INTERVAL_S: f"{cfg.run.telemetry_interval_s:g}",
     }
     if cfg.run.host_time:
@@ -110,7 +110,7 @@ class ServerRun:
     def __enter__(self) -> ServerRun:
         self.dir.mkdir(parents=True, exist_ok=True)
         # A retried run starts clean: the server appends to these, and a second server's files would mix in.
-        for stale in [*self.dir.glob("host_time.*.jsonl"), self.dir / contract.TELEMETRY_FILE]:
+        for stale in [*self.dir.glob("host_time.*.jsonl"), self.dir / contract.PLACEMENT_TELEMETRY_FILE]:
             stale.unlink(missing_ok=True)
         self.status["loadavg_before"] = round(loadavg_1min(), 2)
         self.server = Server(server_spec(self.cfg, self.arm, self.dir), self.dir / "server.log")
@@ -148,7 +148,7 @@ class ServerRun:
         assert self.server is not None and self.server.proc is not None
         self.sampler = TelemetrySampler(
             self.base_url, self.server.proc.pid, self.cfg.run.telemetry_interval_s,
-            self.dir / contract.TELEMETRY_FILE,
+            self.dir / contract.PLACEMENT_TELEMETRY_FILE,
         )  # fmt: skip
         self.sampler.__enter__()
         self.status["replay_start_ns"] = time.time_ns()

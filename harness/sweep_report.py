@@ -17,6 +17,8 @@ from pathlib import Path
 from harness import plots, report
 from harness.compare import comparisons
 from harness.files import read_json, write_json, write_text_atomic
+from harness.run_dirs import find_serve_runs
+from tagma.contract import BACKENDS
 
 METRICS = (
     "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "p99_itl_ms", "mean_e2el_ms",
@@ -24,30 +26,10 @@ METRICS = (
 )  # fmt: skip
 
 
-def _is_run(d: Path) -> bool:
-    return (d / "config.json").exists() and (d / "runs").is_dir()
-
-
-def find_runs(root: Path, max_depth: int = 3) -> list[Path]:
-    """Serve run directories at or below root (symlinks such as `latest` are skipped)."""
-    root = Path(root)
-    if _is_run(root):
-        return [root]
-    found: list[Path] = []
-    frontier = [root]
-    for _ in range(max_depth):
-        nxt = []
-        for d in frontier:
-            for sub in sorted(p for p in d.iterdir() if p.is_dir() and not p.is_symlink()):
-                (found if _is_run(sub) else nxt).append(sub)
-        frontier = nxt
-    return sorted(found)
-
-
 def cell(run_dir: Path, n_boot: int | None = None) -> dict:
     """One sweep cell: what it ran (workload, load, backends) and its A/B rows by metric."""
     cfg = read_json(run_dir / "config.json")
-    backends = tuple(cfg.get("backends", ("paged", "tagma")))
+    backends = tuple(cfg.get("backends", BACKENDS))
     summary = read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
     ab = summary.get("ab")
     if ab is None:
@@ -132,11 +114,11 @@ def ratios_vs_rate(cells: Sequence[Mapping], path: Path, metrics: Sequence[str] 
         ax.set_visible(False)
     if groups and metrics:
         axes.flat[0].legend(fontsize=7)
-    return plots._save(fig, path)
+    return plots.save_figure(fig, path)
 
 
 def collect(sweep_dir: Path, extra: Iterable[Path] = (), n_boot: int | None = None) -> list[dict]:
-    dirs = {d.resolve() for d in find_runs(sweep_dir)} | {Path(d).resolve() for d in extra}
+    dirs = {d.resolve() for d in find_serve_runs(sweep_dir)} | {Path(d).resolve() for d in extra}
     return sorted((cell(d, n_boot) for d in dirs), key=_sort_key)
 
 

@@ -1,25 +1,123 @@
-"""The contract between the harness and tagma: names both halves spell, in one module that imports nothing.
+"""The contract between tagma (the system under test) and whoever serves and measures it.
 
-The harness starts servers and reads what they write; tagma's plugin reads the environment the harness sets.
+The harness starts ``vllm serve`` with a backend flag and a few environment variables and reads back the
+files the server writes; tagma reads the same flag and variables and writes those files. Both sides import
+the names below from here, so a name changed here changes on both sides. This module imports only the
+standard library: the harness imports it without vLLM, torch or the engine library.
+
+Backends: ``paged`` is stock vLLM (a block table per request), ``tagma`` is contiguous-range placement.
+The choice travels as ``--kv-cache-backend {paged,tagma}`` or as ``additional_config["kv_cache_backend"]``.
+
+Environment of a tagma server (all optional):
+
+* ``TAGMA_TELEMETRY_FILE``: append one :class:`PlacementRecord` per line (JSON) to this file; unset: no
+  file I/O at all;
+* ``TAGMA_TELEMETRY_INTERVAL_S``: the least time between two lines (default 1.0 s);
+* ``TAGMA_PLACEMENT``: the engine's placement policy (``first_fit`` | ``best_fit`` | ``headroom``);
+* ``TAGMA_HOST_TIME_FILE``: where the server writes its in-server host (CPU) time records.
 """
 
 from __future__ import annotations
 
-from typing import Final
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Final
 
-# Backends a server can be asked for (--kv-cache-backend), and where the choice lives in vLLM's config.
+__all__ = [
+    "BACKENDS",
+    "CLI_FLAG",
+    "CONFIG_KEY",
+    "DEFAULT_TELEMETRY_INTERVAL_S",
+    "ENV_HOST_TIME_FILE",
+    "ENV_PLACEMENT",
+    "ENV_TELEMETRY_FILE",
+    "ENV_TELEMETRY_INTERVAL_S",
+    "HOST_TIME_FILE",
+    "PAGED",
+    "PLACEMENT_TELEMETRY_FILE",
+    "TAGMA",
+    "PlacementRecord",
+    "RangesPerRequest",
+]
+
+# ---- backends and how a server is told which one to use
 PAGED: Final = "paged"
 TAGMA: Final = "tagma"
 BACKENDS: Final = (PAGED, TAGMA)
 CLI_FLAG: Final = "--kv-cache-backend"
-CONFIG_KEY: Final = "kv_cache_backend"
+CONFIG_KEY: Final = "kv_cache_backend"  # the additional_config entry, and the flag's argparse dest
 
-# Environment variables the harness sets for a server (all optional).
-ENV_TELEMETRY_FILE: Final = "TAGMA_TELEMETRY_FILE"  # placement telemetry, JSON lines
-ENV_TELEMETRY_INTERVAL_S: Final = "TAGMA_TELEMETRY_INTERVAL_S"  # seconds between telemetry lines
-ENV_HOST_TIME_FILE: Final = "TAGMA_HOST_TIME_FILE"  # in-server CPU time per scheduler step, JSON lines
-ENV_PLACEMENT: Final = "TAGMA_PLACEMENT"  # placement policy of the range engine
+# ---- environment variables a tagma server reads
+ENV_TELEMETRY_FILE: Final = "TAGMA_TELEMETRY_FILE"
+ENV_TELEMETRY_INTERVAL_S: Final = "TAGMA_TELEMETRY_INTERVAL_S"
+DEFAULT_TELEMETRY_INTERVAL_S: Final = 1.0
+ENV_PLACEMENT: Final = "TAGMA_PLACEMENT"
+ENV_HOST_TIME_FILE: Final = "TAGMA_HOST_TIME_FILE"
 
-# File names in a run directory that the server writes.
-TELEMETRY_FILE: Final = "tagma_telemetry.jsonl"
+# ---- files the harness asks a server to write, inside one run's directory
+PLACEMENT_TELEMETRY_FILE: Final = "tagma_telemetry.jsonl"
+# the base name: each server process writes host_time.<role>.<pid>.jsonl beside it
 HOST_TIME_FILE: Final = "host_time.jsonl"
+
+
+@dataclass(frozen=True, slots=True)
+class RangesPerRequest:
+    """Ranges per live request: mean, nearest-rank p99 and max (all 0 when no request is live)."""
+
+    mean: float
+    p99: float
+    max: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRecord:
+    """One line of ``TAGMA_TELEMETRY_FILE``: a KV cache manager's placement state at time ``t``.
+
+    Written the same way for both backends: ``ranges_per_request`` counts, per live request, the runs of
+    consecutive physical block ids in vLLM's own per-request block lists; ``free_blocks``/``num_blocks``
+    come from the block pool; the peaks are maxima over the lines written so far. Only tagma's lines carry
+    its range engine's counters (``in_place_growths``, ``new_ranges``, ``merges`` and ``evictions`` since
+    the engine started; ``external_fragmentation`` = 1 - largest free range / free blocks); paged's
+    leave them None.
+    """
+
+    t: float  # Unix time (time.time())
+    ranges_per_request: RangesPerRequest
+    live_requests: int
+    free_blocks: int
+    num_blocks: int
+    policy: str  # "paged" for vLLM's manager, else the range engine's placement policy
+    peak_ranges_per_request: int | None = None
+    peak_live_requests: int | None = None
+    in_place_growths: int | None = None
+    new_ranges: int | None = None
+    merges: int | None = None
+    evictions: int | None = None
+    cached_only_blocks: int | None = None
+    used_blocks: int | None = None
+    largest_free_range: int | None = None
+    external_fragmentation: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as the JSON object a telemetry line holds (fields left out when unknown)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def to_json(self) -> str:
+        """One compact JSON line (no newline)."""
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PlacementRecord:
+        """A record from a parsed telemetry line; unknown keys are ignored, missing ones raise ValueError."""
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        try:
+            values["ranges_per_request"] = RangesPerRequest(**data["ranges_per_request"])
+            return cls(**values)
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a tagma placement telemetry record: {e}") from e
+
+    @classmethod
+    def from_json(cls, line: str) -> PlacementRecord:
+        """A record from one telemetry line."""
+        return cls.from_dict(json.loads(line))

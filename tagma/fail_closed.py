@@ -2,7 +2,7 @@
 
 tagma serves exactly one full-attention KV cache group whose blocks a request only appends to, written
 through plain token-to-slot mappings. Everything else is refused with one line naming the feature. The
-KV cache manager (``tagma.manager``) repeats the group/spec checks on the real ``KVCacheConfig`` in the
+KV cache manager (``tagma.core.manager``) repeats the group/spec checks on the real ``KVCacheConfig`` in the
 engine core as a backstop for what only model loading reveals.
 """
 
@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tagma.selector import CLI_FLAG, PAGED, SCHEDULER_QUALNAME, TagmaConfigError
+from tagma.errors import TagmaUnsupported
+from tagma.selector import CLI_FLAG, PAGED, SCHEDULER_QUALNAME
 
 __all__ = ["check", "unsupported_features"]
 
@@ -155,9 +156,7 @@ def unsupported_features(vllm_config: Any) -> list[str]:
 
 
 def check(vllm_config: Any) -> None:
-    """Raise :class:`TagmaConfigError` (one line) when ``vllm_config`` uses anything tagma refuses."""
+    """Raise :class:`~tagma.errors.TagmaUnsupported` (one line) naming everything tagma refuses."""
     features = unsupported_features(vllm_config)
     if features:
-        raise TagmaConfigError(
-            f"tagma: unsupported: {'; '.join(features)}. Use {CLI_FLAG} {PAGED} for this configuration."
-        )
+        raise TagmaUnsupported(f"{'; '.join(features)}. Use {CLI_FLAG} {PAGED} for this configuration.")

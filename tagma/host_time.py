@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tagma.contract import ENV_HOST_TIME_FILE, ENV_TELEMETRY_INTERVAL_S
+
 __all__ = [
     "COLUMNS",
     "ENV_FILE",
@@ -50,8 +52,8 @@ __all__ = [
     "read_chunks",
 ]
 
-ENV_FILE = "TAGMA_HOST_TIME_FILE"
-ENV_INTERVAL = "TAGMA_TELEMETRY_INTERVAL_S"
+ENV_FILE = ENV_HOST_TIME_FILE
+ENV_INTERVAL = ENV_TELEMETRY_INTERVAL_S
 DEFAULT_INTERVAL_S = 0.5
 FORMAT_VERSION = 1
 

@@ -179,7 +179,7 @@ def instrument_kv_manager(manager: Any, clock: SchedulerClock = SCHEDULER_CLOCK,
 def _attach_paged_telemetry(manager: Any) -> None:
     """The paged arm's placement telemetry: the same :class:`tagma.telemetry.Telemetry` tagma's manager
     keeps, stepped from ``new_step_starts`` as tagma's override does. Tagma's manager makes its own."""
-    tagma_manager = sys.modules.get("tagma.manager")
+    tagma_manager = sys.modules.get("tagma.core.manager")
     if tagma_manager is not None and isinstance(manager, tagma_manager.TagmaKVCacheManager):
         return
     if "telemetry" in manager.__dict__:

@@ -11,18 +11,14 @@ import argparse
 from collections.abc import Mapping
 from typing import Any, Final
 
-CONFIG_KEY: Final = "kv_cache_backend"
-PAGED: Final = "paged"
-TAGMA: Final = "tagma"
-BACKENDS: Final = (PAGED, TAGMA)
-CLI_FLAG: Final = "--kv-cache-backend"
-CLI_DEST: Final = "kv_cache_backend"
-# What scheduler_config.scheduler_cls names once tagma is selected (see tagma.scheduler).
-SCHEDULER_QUALNAME: Final = "tagma.scheduler.TagmaScheduler"
+from tagma.contract import BACKENDS, CLI_FLAG, CONFIG_KEY, PAGED, TAGMA
+from tagma.errors import TagmaConfigError
 
+__all__ = ["BACKENDS", "CLI_FLAG", "CONFIG_KEY", "PAGED", "SCHEDULER_QUALNAME", "TAGMA", "TagmaConfigError"]
 
-class TagmaConfigError(ValueError):
-    """A configuration tagma refuses; its message is one line starting with ``tagma:``."""
+CLI_DEST: Final = CONFIG_KEY
+# What scheduler_config.scheduler_cls names once tagma is selected (see tagma.core.scheduler).
+SCHEDULER_QUALNAME: Final = "tagma.core.scheduler.TagmaScheduler"
 
 
 def add_cli_flag(parser: argparse.ArgumentParser) -> None:

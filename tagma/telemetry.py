@@ -17,17 +17,18 @@ add its range engine's counters and free-space shape (``in_place_growths``, ``ne
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tagma.contract import ENV_TELEMETRY_FILE, ENV_TELEMETRY_INTERVAL_S, PlacementRecord
+
 __all__ = ["BlockRuns", "Telemetry", "runs_summary"]
 
-ENV_FILE = "TAGMA_TELEMETRY_FILE"
-ENV_INTERVAL = "TAGMA_TELEMETRY_INTERVAL_S"
+ENV_FILE = ENV_TELEMETRY_FILE
+ENV_INTERVAL = ENV_TELEMETRY_INTERVAL_S
 
 
 class BlockRuns:
@@ -152,6 +153,6 @@ class Telemetry:
     def write(self) -> None:
         if self.path is None:
             return
-        line = json.dumps(self.snapshot(), separators=(",", ":"))
+        line = PlacementRecord.from_dict(self.snapshot()).to_json()
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")

@@ -62,8 +62,6 @@ def test_streaming_parse_and_usage_tokens() -> None:
     assert srv.seen[0].max_tokens == 10
     assert r.sent_s is not None and r.written_s is not None
     assert r.scheduled_s <= r.sent_s <= r.written_s <= r.first_token_s
-    rec = json.loads(json.dumps(r.record(), allow_nan=False))
-    assert rec["completion_tokens"] == 10 and rec["ttft"] == pytest.approx(r.ttft)
 
 
 def test_sends_are_never_early_and_punctual() -> None:

@@ -95,7 +95,7 @@ def test_sliding_window(models: Path) -> None:
 def test_sliding_window_disabled_by_the_user_is_full_attention(models: Path) -> None:
     model = craft_model(models, "mistral-swa", **SLIDING_WINDOW_MODEL)
     config = engine_config(model, additional_config=dict(TAGMA), disable_sliding_window=True)
-    assert config.scheduler_config.scheduler_cls == "tagma.scheduler.TagmaScheduler"
+    assert config.scheduler_config.scheduler_cls == "tagma.core.scheduler.TagmaScheduler"
 
 
 def test_chunked_local_attention(models: Path) -> None:

@@ -386,7 +386,7 @@ def test_real_managers_instrumented_identically(monkeypatch: pytest.MonkeyPatch,
     pytest.importorskip("vllm")
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
-    from tagma.manager import TagmaKVCacheManager
+    from tagma.core.manager import TagmaKVCacheManager
     from tests.test_manager import make_config, make_request, manager_kwargs
 
     monkeypatch.setenv("TAGMA_HOST_TIME_FILE", str(tmp_path / "host_time.jsonl"))

@@ -24,11 +24,11 @@ import numpy as np
 import pytest
 import torch
 
-from tagma.kernels import placement, reference
-from tagma.kernels.placement import RangeLengths
+from benchmarks.gpu import placement, reference
+from benchmarks.gpu.placement import RangeLengths
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNEL_MODULES = ("tagma.triton_slot_mapping", "tagma.kernels.write", "tagma.kernels.decode_attention")
+KERNEL_MODULES = ("tagma.worker.triton_slot_mapping", "tagma.kernels.write", "tagma.kernels.decode_attention")
 SHORT = RangeLengths.from_counts([1, 2, 3], [2, 1, 1], "test: 1-3 blocks")
 
 
@@ -37,7 +37,7 @@ def kernels() -> Iterator[SimpleNamespace]:
     pytest.importorskip("triton")
     previous = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
-    for name in (*KERNEL_MODULES, "tagma.gpu_block_tables"):
+    for name in (*KERNEL_MODULES, "tagma.worker.block_tables_v2"):
         sys.modules.pop(name, None)
     try:
         yield SimpleNamespace(
@@ -45,7 +45,7 @@ def kernels() -> Iterator[SimpleNamespace]:
             attn=importlib.import_module("tagma.kernels.decode_attention"),
         )
     finally:
-        for name in (*KERNEL_MODULES, "tagma.gpu_block_tables"):  # they bound the interpreted kernels
+        for name in (*KERNEL_MODULES, "tagma.worker.block_tables_v2"):  # they bound the interpreted kernels
             sys.modules.pop(name, None)
         if previous is None:
             os.environ.pop("TRITON_INTERPRET", None)
@@ -90,8 +90,8 @@ def test_fragmented_pieces_follow_the_length_distribution() -> None:
 
 
 def test_stored_trace_is_what_the_engine_gives() -> None:
+    from benchmarks import fragmentation_sim as fragmentation
     from tagma.engine import EngineNotBuiltError
-    from tagma.kernels import fragmentation
 
     stored = fragmentation.load_trace("headroom")
     try:
@@ -301,13 +301,8 @@ def test_decode_attention_request_without_tokens_gives_zeros(kernels: SimpleName
 
 
 def test_peak_bandwidth_table_matches_the_most_specific_name() -> None:
-    spec = importlib.util.spec_from_file_location("gpu_kernels", ROOT / "benchmarks" / "gpu_kernels.py")
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_kernels"] = bench  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(bench)
-    finally:
-        del sys.modules["gpu_kernels"]
+    from benchmarks.gpu import machine as bench
+
     assert bench.peak_gbps("NVIDIA H200") == 4800
     assert bench.peak_gbps("NVIDIA GH200 480GB") == 4000
     assert bench.peak_gbps("NVIDIA H100 80GB HBM3") == 3350
@@ -386,7 +381,7 @@ def run_python(
 def test_kernels_compile_for_a_gpu_target() -> None:
     pytest.importorskip("triton")
     done = run_python(
-        "-m", "tagma.kernels.compile_check", "--arch", "90", env={"TRITON_DEFAULT_FP_FUSION": "1"}
+        "-m", "benchmarks.gpu.compile_check", "--arch", "90", env={"TRITON_DEFAULT_FP_FUSION": "1"}
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
@@ -397,18 +392,18 @@ def test_kernels_compile_for_a_gpu_target() -> None:
 
 def test_cpu_side_modules_import_no_triton_and_serving_never_imports_kernels() -> None:
     code = (
-        "import sys; import tagma.kernels, tagma.kernels.placement, tagma.kernels.reference, "
-        "tagma.kernels.fragmentation; assert 'triton' not in sys.modules, 'triton imported'"
+        "import sys; import tagma.kernels, benchmarks.gpu.placement, benchmarks.gpu.reference, "
+        "benchmarks.fragmentation_sim; assert 'triton' not in sys.modules, 'triton imported'"
     )
     done = run_python("-c", code)
     assert done.returncode == 0, done.stderr
-    for path in (ROOT / "tagma").glob("*.py"):
+    for path in (p for p in (ROOT / "tagma").rglob("*.py") if "kernels" not in p.parts):
         assert "tagma.kernels" not in path.read_text(), f"{path.name} imports the GPU kernels"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_benchmark_refuses_to_run_without_a_gpu(tmp_path: Path) -> None:
-    done = run_python("benchmarks/gpu_kernels.py", "--out-dir", str(tmp_path))
+    done = run_python("-m", "benchmarks.gpu", "--out-dir", str(tmp_path))
     assert done.returncode != 0 and "no CUDA GPU" in done.stderr and "--dry-run" in done.stderr
     assert not any(tmp_path.iterdir())
 
@@ -417,7 +412,7 @@ def test_benchmark_refuses_to_run_without_a_gpu(tmp_path: Path) -> None:
 def test_benchmark_dry_run_writes_json_and_plots(tmp_path: Path) -> None:
     pytest.importorskip("triton")
     done = run_python(
-        "benchmarks/gpu_kernels.py", "--dry-run", "--out-dir", str(tmp_path), "--run-id", "smoke"
+        "-m", "benchmarks.gpu", "--dry-run", "--out-dir", str(tmp_path), "--run-id", "smoke"
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     out = tmp_path / "smoke"

@@ -32,8 +32,8 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.request import Request, RequestStatus
 
-from tagma.block_pool import TagmaBlockPool
-from tagma.manager import TagmaKVCacheManager
+from tagma.core.block_pool import TagmaBlockPool
+from tagma.core.manager import TagmaKVCacheManager
 
 init_none_hash(sha256)
 

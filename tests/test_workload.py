@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import sharegpt, tiny_model
+from harness import packing, sharegpt, tiny_model
 from harness import workload as wl
 from harness.workload import LengthDist, WorkloadSpec, build_workload
 
@@ -83,7 +84,7 @@ def test_packed_prompts_are_real_sharegpt_text(tok_dir: Path) -> None:
     for r in w.requests:
         assert r.prompt.startswith(("User: ", "Assistant: ", "System: ")) and "conv[" in r.source
         first = int(r.source.split("conv[")[1].split("..")[0])
-        assert r.prompt[:100] in wl._conversation_text(items[first])[:400]  # its start (maybe a word later)
+        assert r.prompt[:100] in packing._conversation_text(items[first])[:400]  # its start
 
 
 def test_natural_lengths(tok_dir: Path, count) -> None:
@@ -112,7 +113,7 @@ def test_impossible_cut_starts_a_word_later_or_settles_within_tolerance(
     s = spec(num_requests=1, seed=0, dataset=path, input_len=LengthDist("fixed", value=102))
     (r,) = build_workload(s, tok_dir, None).requests
     assert r.prompt_tokens == count([r.prompt])[0] == 102 and "characters skipped" in r.source
-    monkeypatch.setattr(wl, "_WORD_START", wl.re.compile(r"(?!)"))  # no word to start later at
+    monkeypatch.setattr(packing, "_WORD_START", re.compile(r"(?!)"))  # no word to start later at
     w = build_workload(s, tok_dir, None)
     (r,) = w.requests
     assert r.target_tokens == 102 and r.prompt_tokens == count([r.prompt])[0] == 101  # under, within 1%
@@ -135,7 +136,7 @@ def test_same_seed_same_workload_other_seed_differs(tok_dir: Path) -> None:
 def test_prompts_are_distinct_from_their_first_characters(tok_dir: Path) -> None:
     w = build_workload(spec(num_requests=20, num_warmup=4, input_len=LengthDist("fixed", value=500)),
                        tok_dir, None)
-    heads = {r.prompt[: wl._HEAD_CHARS] for r in w.requests + w.warmup}
+    heads = {r.prompt[: packing._HEAD_CHARS] for r in w.requests + w.warmup}
     assert len(heads) == 24
 
 

@@ -28,9 +28,10 @@ from vllm.v1.utils import CpuGpuBuffer  # noqa: E402
 from vllm.v1.worker import block_table as v1_block_table  # noqa: E402
 from vllm.v1.worker.block_table import BlockTable, MultiGroupBlockTable  # noqa: E402
 
-from tagma import engine, write_path  # noqa: E402
-from tagma.range_rows import RangeRows  # noqa: E402
-from tagma.write_path import RangeBlockTable  # noqa: E402
+from tagma import engine  # noqa: E402
+from tagma.worker import block_table_v1 as write_path  # noqa: E402
+from tagma.worker.block_table_v1 import RangeBlockTable  # noqa: E402
+from tagma.worker.range_rows import RangeRows  # noqa: E402
 
 BLOCK_SIZE = 4
 MAX_REQS = 6
@@ -268,12 +269,12 @@ def interpreted_kernels() -> Iterator[ModuleType]:
     pytest.importorskip("triton")
     previous = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"  # read when @triton.jit decorates: import the module afresh
-    sys.modules.pop("tagma.triton_slot_mapping", None)
+    sys.modules.pop("tagma.worker.triton_slot_mapping", None)
     try:
-        yield importlib.import_module("tagma.triton_slot_mapping")
+        yield importlib.import_module("tagma.worker.triton_slot_mapping")
     finally:
-        sys.modules.pop("tagma.triton_slot_mapping", None)
-        sys.modules.pop("tagma.gpu_block_tables", None)  # it bound the interpreted kernel
+        sys.modules.pop("tagma.worker.triton_slot_mapping", None)
+        sys.modules.pop("tagma.worker.block_tables_v2", None)  # it bound the interpreted kernel
         if previous is None:
             os.environ.pop("TRITON_INTERPRET", None)
         else:
@@ -373,7 +374,7 @@ def test_model_runner_v2_block_tables_through_vllm_kernel_dispatcher(
     from vllm.v1.worker.gpu import model_runner as v2_model_runner
     from vllm.v1.worker.gpu.block_table import BlockTables
 
-    from tagma import gpu_block_tables
+    from tagma.worker import block_tables_v2 as gpu_block_tables
 
     monkeypatch.setattr(BlockTables, "append_block_ids", lambda self, *args: None)
     monkeypatch.setattr(BlockTables, "apply_staged_writes", lambda self: None)

@@ -40,7 +40,7 @@ from vllm.v1.worker.block_table import BlockTable, get_block_table_width
 from benchmarks.host.timing import calibrate, interleaved, pair_entry, summarize, timed_ns
 from benchmarks.host.write_path import prepare_vllm_kernels, worker_table
 from tagma.engine import Policy, RangeEngine
-from tagma.write_path import RangeBlockTable
+from tagma.worker.block_table_v1 import RangeBlockTable
 
 __all__ = ["run"]
 

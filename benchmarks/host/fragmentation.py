@@ -20,211 +20,17 @@ Per policy (the engine's first_fit / best_fit / headroom, the manager's default 
 
 Paged reference: vLLM's own ``BlockPool`` (prefix caching off) driven by the same trace; its "ranges" are
 the runs of consecutive block ids in a request's block list (what a range descriptor of that list would
-need).
+need). The trace itself is :mod:`benchmarks.fragmentation_sim`, the simulator the GPU benchmark's
+fragmented placements come from too.
 """
 
 from __future__ import annotations
 
-import time
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-from vllm.v1.core.block_pool import BlockPool
-from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from benchmarks.fragmentation_sim import EngineSide, PagedSide, fixed_context_jobs, simulate
 
-from tagma.engine import Policy, RangeEngine
-
-__all__ = ["make_trace", "run"]
-
-SEED_DESIGN_RANGE_CAP = 256
-
-
-@dataclass
-class Job:
-    index: int
-    prompt_blocks: int
-    output_blocks: int
-
-
-@dataclass
-class Live:
-    job: Job
-    handle: Any
-    prefilled: int = 0
-    decoded: int = 0
-    blocks: list[KVCacheBlock] = field(default_factory=list)  # paged reference only
-    ranges: int = 0
-
-
-def make_trace(num_jobs: int, context: int, block_size: int, fcfg: dict[str, Any], seed: int) -> list[Job]:
-    rng = np.random.default_rng(seed)
-    jobs = []
-    for i in range(num_jobs):
-        prompt = int(rng.uniform(float(fcfg["prompt_min_frac"]), 1.0) * context)
-        output = int(rng.integers(int(fcfg["output_min"]), int(fcfg["output_max"]) + 1))
-        jobs.append(Job(i, max(1, -(-prompt // block_size)), max(1, -(-output // block_size))))
-    return jobs
-
-
-class EngineSide:
-    """The trace's allocator calls on a tagma engine, with the per-policy measurements."""
-
-    def __init__(self, pool_blocks: int, policy: str) -> None:
-        self.engine = RangeEngine(pool_blocks, policy=Policy.parse(policy))
-        self.decode_appends = 0
-        self.decode_in_place = 0
-        self.exceeded_cap = 0
-
-    def admit(self, live: Live) -> None:
-        live.handle = self.engine.create_request()
-
-    def append(self, live: Live, count: int, decode: bool) -> None:
-        self.engine.append(live.handle, count)
-        ranges = self.engine.num_ranges(live.handle)
-        if decode:
-            self.decode_appends += 1
-            self.decode_in_place += ranges <= live.ranges
-        if ranges > SEED_DESIGN_RANGE_CAP >= live.ranges:
-            self.exceeded_cap += 1
-        live.ranges = ranges
-
-    def release(self, live: Live) -> int:
-        ranges = self.engine.num_ranges(live.handle)
-        self.engine.release(live.handle)
-        return ranges
-
-    def sample(self) -> tuple[float, float, float, int]:
-        s = self.engine.stats()
-        mean = s.total_request_ranges / s.live_requests if s.live_requests else 0.0
-        return mean, float(s.largest_free_range), s.external_fragmentation, s.max_request_ranges
-
-
-class PagedSide:
-    """vLLM's BlockPool under the same calls; ranges = runs of consecutive ids in a request's block list."""
-
-    def __init__(self, pool_blocks: int, block_size: int) -> None:
-        self.pool = BlockPool(pool_blocks, enable_caching=False, hash_block_size=block_size)
-        self.live: dict[int, Live] = {}
-
-    @staticmethod
-    def runs(blocks: list[KVCacheBlock]) -> int:
-        if not blocks:
-            return 0
-        ids = np.fromiter((b.block_id for b in blocks), dtype=np.int64, count=len(blocks))
-        return 1 + int(np.count_nonzero(np.diff(ids) != 1))
-
-    def admit(self, live: Live) -> None:
-        self.live[live.job.index] = live
-
-    def append(self, live: Live, count: int, decode: bool) -> None:
-        live.blocks.extend(self.pool.get_new_blocks(count))
-
-    def release(self, live: Live) -> int:
-        ranges = self.runs(live.blocks)
-        self.pool.free_blocks(list(reversed(live.blocks)))
-        live.blocks = []
-        self.live.pop(live.job.index, None)
-        return ranges
-
-    def sample(self) -> tuple[float, float, float, int]:
-        counts = [self.runs(x.blocks) for x in self.live.values() if x.blocks]
-        return (float(np.mean(counts)) if counts else 0.0, float("nan"), float("nan"), max(counts, default=0))
-
-
-def simulate(
-    side: EngineSide | PagedSide,
-    jobs: list[Job],
-    slots: int,
-    pool_blocks: int,
-    chunk_blocks: int,
-    sample_every: int,
-) -> dict[str, Any]:
-    queue: deque[Job] = deque(jobs)
-    running: list[Live] = []
-    free = pool_blocks - 1  # block 0 is the null block
-    finished_ranges: list[int] = []
-    samples: list[tuple[float, float, float, int]] = []
-    preemptions = ticks = 0
-    start = time.perf_counter()
-
-    def release(live: Live, done: bool) -> None:
-        nonlocal free
-        ranges = side.release(live)
-        free += live.prefilled + live.decoded
-        if done:
-            finished_ranges.append(ranges)
-
-    while queue or running:
-        # admission: the next request when its first chunk fits
-        while queue and len(running) < slots and free >= min(chunk_blocks, queue[0].prompt_blocks):
-            live = Live(queue.popleft(), None)
-            side.admit(live)
-            running.append(live)
-        for live in list(running):
-            if live not in running:  # preempted earlier in this tick
-                continue
-            prefill = live.prefilled < live.job.prompt_blocks
-            need = min(chunk_blocks, live.job.prompt_blocks - live.prefilled) if prefill else 1
-            while need > free and running[-1] is not live:
-                victim = running.pop()
-                release(victim, done=False)
-                queue.appendleft(Job(victim.job.index, victim.job.prompt_blocks, victim.job.output_blocks))
-                preemptions += 1
-            if need > free:  # alone and still no room: wait (cannot happen with a sane pool size)
-                continue
-            side.append(live, need, decode=not prefill)
-            free -= need
-            if prefill:
-                live.prefilled += need
-            else:
-                live.decoded += 1
-            if live.decoded >= live.job.output_blocks:
-                running.remove(live)
-                release(live, done=True)
-        ticks += 1
-        if ticks % sample_every == 0 and running:
-            samples.append(side.sample())
-    elapsed = time.perf_counter() - start
-    fr = np.asarray(finished_ranges, dtype=float)
-    arr = np.asarray(samples, dtype=float) if samples else np.zeros((0, 4))
-    out: dict[str, Any] = {
-        "ticks": ticks,
-        "finished": len(finished_ranges),
-        "preemptions": preemptions,
-        "seconds": round(elapsed, 3),
-        "ranges_at_completion": {
-            "mean": float(fr.mean()),
-            "p50": float(np.percentile(fr, 50)),
-            "p99": float(np.percentile(fr, 99)),
-            "max": int(fr.max()),
-        },
-        "ranges_live_time_avg": float(arr[:, 0].mean()) if len(arr) else None,
-        "max_ranges_live": int(arr[:, 3].max()) if len(arr) else None,
-    }
-    if isinstance(side, EngineSide):
-        stats = side.engine.stats()
-        out.update(
-            {
-                "largest_free_range_time_avg": float(arr[:, 1].mean()) if len(arr) else None,
-                "largest_free_range_min": int(arr[:, 1].min()) if len(arr) else None,
-                "external_fragmentation_time_avg": float(arr[:, 2].mean()) if len(arr) else None,
-                "external_fragmentation_max": float(arr[:, 2].max()) if len(arr) else None,
-                "decode_appends": side.decode_appends,
-                "decode_in_place_share": side.decode_in_place / side.decode_appends
-                if side.decode_appends
-                else None,
-                "in_place_growths": stats.in_place_growths,
-                "new_ranges": stats.new_ranges,
-                "merges": stats.merges,
-                "in_place_share_all_appends": stats.in_place_growths
-                / max(1, stats.in_place_growths + stats.new_ranges),
-                "requests_over_256_ranges": side.exceeded_cap,
-            }
-        )
-        side.engine.close()
-    return out
+__all__ = ["run"]
 
 
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -236,9 +42,10 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     results = []
     for context in fcfg["contexts"]:
         context = int(context)
-        jobs = make_trace(
-            slots * int(fcfg["turnovers"]), context, block_size, fcfg, int(cfg["seed"]) + context
-        )
+        jobs = fixed_context_jobs(
+            slots * int(fcfg["turnovers"]), context, block_size, float(fcfg["prompt_min_frac"]),
+            int(fcfg["output_min"]), int(fcfg["output_max"]), int(cfg["seed"]) + context,
+        )  # fmt: skip
         for factor in fcfg["pool_factors"]:
             pool_blocks = int(float(factor) * slots * (context + int(fcfg["output_max"])) / block_size) + 1
             row: dict[str, Any] = {

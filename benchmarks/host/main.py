@@ -142,7 +142,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     }
     result["headline"] = report.headline(result, cfg)
     result["baseline_vs_guide"] = report.baseline_vs_guide(result, cfg)
-    result["targets"] = report.TARGETS
+    result["targets"] = report.target_texts()
     result["plots"] = report.plots(result, out_dir)
     table = report.summary_table(result["headline"], result["baseline_vs_guide"])
     profile = report.profile_lines(result)

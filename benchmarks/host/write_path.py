@@ -38,7 +38,7 @@ from vllm.v1.worker.block_table import BlockTable, get_block_table_width
 from benchmarks.host.timing import calibrate, interleaved, summarize, timed_ns
 from tagma import engine as tagma_engine
 from tagma.engine import Policy, RangeEngine
-from tagma.write_path import RangeBlockTable
+from tagma.worker.block_table_v1 import RangeBlockTable
 
 __all__ = ["decode_block_maps", "run"]
 

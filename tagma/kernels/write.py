@@ -2,7 +2,7 @@
 
 * :func:`slot_mapping_paged`: vLLM's formulation (Model Runner V2's ``_compute_slot_mappings_kernel`` for
   one KV cache group, no context parallelism): ``slot = block_table[row, pos // B] * B + pos % B``.
-* :func:`slot_mapping_ranges`: tagma's kernel (``tagma.triton_slot_mapping``): the same slots by binary
+* :func:`slot_mapping_ranges`: tagma's kernel (``tagma.worker.triton_slot_mapping``): the same slots by binary
   search over the row's ranges.
 * :func:`reshape_and_cache`: vLLM's ``reshape_and_cache_kernel_flash`` (cache layout
   ``[num_blocks, B, num_kv_heads, head_dim]``, no fp8): token i's K/V rows to slot ``slot_mapping[i]``.
@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tagma.triton_slot_mapping import compute_slot_mapping_ranges
+from tagma.worker.triton_slot_mapping import compute_slot_mapping_ranges
 
 __all__ = [
     "reshape_and_cache",
@@ -116,7 +116,7 @@ def slot_mapping_ranges(
     pad_id: int = -1,
     idx_mapping: torch.Tensor | None = None,
 ) -> None:
-    """tagma's slot mapping from range descriptors (``tagma.triton_slot_mapping``)."""
+    """tagma's slot mapping from range descriptors (``tagma.worker.triton_slot_mapping``)."""
     compute_slot_mapping_ranges(
         num_reqs=num_reqs,
         query_start_loc=query_start_loc,

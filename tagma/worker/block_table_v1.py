@@ -7,7 +7,7 @@ arithmetic: the engine's C function on CPU, tagma's Triton kernel on a GPU. Outp
 ``slot_mapping`` buffer with vLLM's padding (PAD_SLOT_ID = -1 up to ``max_num_batched_tokens``).
 
 :func:`install` swaps it in for ``vllm.v1.worker.block_table.BlockTable`` (the name that
-``MultiGroupBlockTable`` instantiates) and, for Model Runner V2, installs :mod:`tagma.gpu_block_tables`
+``MultiGroupBlockTable`` instantiates) and, for Model Runner V2, installs :mod:`tagma.worker.block_tables_v2`
 (its ``BlockTables`` and, through vLLM's kernel dispatcher, its slot-mapping kernel).
 """
 
@@ -22,7 +22,8 @@ from vllm.v1.worker import block_table as v1_block_table
 from vllm.v1.worker.block_table import BlockTable, SlotMappingMode
 
 from tagma import engine
-from tagma.range_rows import RangeRows
+from tagma.errors import TagmaUnsupported
+from tagma.worker.range_rows import RangeRows
 
 __all__ = ["RangeBlockTable", "install", "installed", "uninstall"]
 
@@ -36,7 +37,7 @@ class RangeBlockTable(BlockTable):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.dcp_world_size > 1 or self.pcp_world_size > 1:
-            raise ValueError("tagma: unsupported: context parallelism in the worker write path")
+            raise TagmaUnsupported("context parallelism in the worker write path")
         self.range_rows = RangeRows(self.max_num_reqs)
         logger.info("tagma: RangeBlockTable(block_size=%d, max_num_reqs=%d, device=%s)",
                     self.block_size, self.max_num_reqs, self.device)
@@ -67,7 +68,7 @@ class RangeBlockTable(BlockTable):
     def clear(self) -> None:
         # vLLM zeroes the dense tables here and later restores them by copy (elastic EP's
         # preserve_serving_state), bypassing the row API: descriptors could not follow. Refuse loudly.
-        raise NotImplementedError("tagma: unsupported: BlockTable.clear (elastic EP serving-state swap)")
+        raise TagmaUnsupported("BlockTable.clear (elastic EP serving-state swap)")
 
     # ---- the write path
 
@@ -104,7 +105,7 @@ class RangeBlockTable(BlockTable):
         self, num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor, out: torch.Tensor
     ) -> None:
         # Imported here only: the CPU path must never import Triton.
-        from tagma.triton_slot_mapping import compute_slot_mapping_ranges
+        from tagma.worker.triton_slot_mapping import compute_slot_mapping_ranges
 
         on_device = self.range_rows.on_device(out.device)
         compute_slot_mapping_ranges(
@@ -124,7 +125,7 @@ def install(use_v2_model_runner: bool) -> None:
     """Route the worker's KV-write slot mapping through range descriptors (idempotent)."""
     v1_block_table.BlockTable = RangeBlockTable  # type: ignore[misc]
     if use_v2_model_runner:
-        from tagma.gpu_block_tables import install_v2
+        from tagma.worker.block_tables_v2 import install_v2
 
         install_v2()
 
@@ -134,8 +135,8 @@ def uninstall() -> None:
     v1_block_table.BlockTable = _STOCK_BLOCK_TABLE  # type: ignore[misc]
     from sys import modules
 
-    if "tagma.gpu_block_tables" in modules:
-        modules["tagma.gpu_block_tables"].uninstall_v2()
+    if "tagma.worker.block_tables_v2" in modules:
+        modules["tagma.worker.block_tables_v2"].uninstall_v2()
 
 
 def installed() -> bool:

@@ -22,12 +22,13 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.request import Request
 
 from tagma.engine import NoSpaceError, RangeEngine
+from tagma.errors import TagmaUnsupported
 
 __all__ = ["FreeBlockCount", "TagmaBlockPool", "unsupported"]
 
 
 def unsupported(feature: str) -> NoReturn:
-    raise NotImplementedError(f"tagma: unsupported: {feature}")
+    raise TagmaUnsupported(feature)
 
 
 class FreeBlockCount:

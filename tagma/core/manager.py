@@ -2,7 +2,7 @@
 
 The whole scheduler-facing contract (coordinator, single-type manager, hashing, ``KVCacheBlock`` objects,
 prefix-cache map, events, stats) is inherited from the installed vLLM. After vLLM builds it, the block pool
-becomes a :class:`~tagma.block_pool.TagmaBlockPool` (the same object, converted in place) backed by one
+becomes a :class:`~tagma.core.block_pool.TagmaBlockPool` (the same object, converted in place) backed by one
 :class:`~tagma.engine.RangeEngine`. The public calls that take or free a request's blocks (``allocate_slots``,
 ``free``, ``pop_blocks_for_free``) tell the pool which request they are for. Only one full-attention KV cache
 group is supported.
@@ -32,13 +32,15 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.request import Request
 
-from tagma.block_pool import TagmaBlockPool
+from tagma.contract import ENV_PLACEMENT
+from tagma.core.block_pool import TagmaBlockPool
 from tagma.engine import I32Array, Policy, RangeEngine
+from tagma.errors import TagmaUnsupported
 from tagma.telemetry import Telemetry
 
 __all__ = ["ENV_POLICY", "TagmaKVCacheManager", "resolve_policy", "unsupported_feature"]
 
-ENV_POLICY = "TAGMA_PLACEMENT"
+ENV_POLICY = ENV_PLACEMENT
 # Headroom by default: under interleaved decode best/first fit place each new request right after the
 # previous one, so no request can grow in place (measured: one range per block); headroom keeps one range.
 DEFAULT_POLICY = "headroom"
@@ -100,7 +102,7 @@ class TagmaKVCacheManager(KVCacheManager):
 
     Takes the installed vLLM's constructor arguments (passed through unchanged) plus ``placement_policy``
     (``first_fit`` | ``best_fit`` | ``headroom``; default ``$TAGMA_PLACEMENT`` or headroom). Raises
-    ``ValueError("tagma: unsupported: <feature>")`` for configurations it cannot serve.
+    ``TagmaUnsupported("<feature>")`` (a ``ValueError``) for configurations it cannot serve.
     """
 
     block_pool: TagmaBlockPool
@@ -117,17 +119,17 @@ class TagmaKVCacheManager(KVCacheManager):
         bound.apply_defaults()
         feature = unsupported_feature(kv_cache_config, bound.arguments)
         if feature is not None:
-            raise ValueError(f"tagma: unsupported: {feature}")
+            raise TagmaUnsupported(feature)
         policy = resolve_policy(placement_policy)
 
         super().__init__(kv_cache_config, max_model_len, *args, **kwargs)
 
         coordinator = self.coordinator
         if type(coordinator) not in (UnitaryKVCacheCoordinator, KVCacheCoordinatorNoPrefixCache):
-            raise ValueError(f"tagma: unsupported: KV cache coordinator {type(coordinator).__name__}")
+            raise TagmaUnsupported(f"KV cache coordinator {type(coordinator).__name__}")
         (manager,) = coordinator.single_type_managers
         if type(manager) is not FullAttentionManager:
-            raise ValueError(f"tagma: unsupported: single-type manager {type(manager).__name__}")
+            raise TagmaUnsupported(f"single-type manager {type(manager).__name__}")
         pool = coordinator.block_pool
         self.policy = policy
         self.policy_name = policy.name.lower()
@@ -177,9 +179,3 @@ class TagmaKVCacheManager(KVCacheManager):
             return np.empty(0, dtype=np.int32)
         return self.engine.blocks(eng)
 
-    def engine_ranges(self, request_id: str) -> I32Array:
-        """The request's ranges as (physical_start, count, first_logical) rows."""
-        eng = self.block_pool.engine_request(request_id)
-        if eng is None:
-            return np.empty((0, 3), dtype=np.int32)
-        return self.engine.ranges_array(eng)

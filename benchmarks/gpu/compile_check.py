@@ -1,4 +1,4 @@
-"""Compile every kernel for a CUDA target, no GPU needed: ``python -m tagma.kernels.compile_check --arch 90``.
+"""Compile every kernel for a CUDA target without a GPU: ``python -m benchmarks.gpu.compile_check --arch 90``.
 
 The interpreter runs kernels as Python and does not type-check them the way the compiler does (loop-carried
 types, ``tl.dot`` shapes, pointer arithmetic); this lowers each kernel through Triton's CUDA backend down to
@@ -49,9 +49,9 @@ def _signature(fn: Any, dtype: str, constexprs: dict[str, Any]) -> tuple[dict[st
 
 
 def _kernels(dtype: str) -> list[tuple[str, Any, dict[str, Any]]]:
-    from tagma import triton_slot_mapping
     from tagma.kernels import decode_attention as da
     from tagma.kernels import write
+    from tagma.worker import triton_slot_mapping
 
     attn = {"GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "KV_BLOCK_SIZE": 16, "BLOCK_N": da.BLOCK_N}
     rows = {"ROW": 1024, "TILE": 1024, "KV_BLOCK_SIZE": 16}

@@ -3,7 +3,7 @@
 A request's logical block ``i`` lives in physical block ``block_table[req, i]``; the same placement as
 ranges is the run-length encoding of that row: ``(physical_start, num_blocks, first_logical_block)``
 triples, row ``req`` owning ``ranges[range_offsets[req]:range_offsets[req + 1]]`` (the flat layout of
-``tagma.range_rows`` and of the Triton slot-mapping kernel). Physical block 0 is the null block and is
+``tagma.worker.range_rows`` and of the Triton slot-mapping kernel). Physical block 0 is the null block and is
 never used; the placements fill blocks ``[1, num_blocks)``.
 
 * :func:`contiguous`: every request is one range, requests back to back (tagma's assumption holds).

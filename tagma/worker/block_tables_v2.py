@@ -8,7 +8,7 @@ vLLM's own ``BlockTables.compute_slot_mappings`` stays; the Triton kernel it lau
 ``vllm.v1.worker.gpu.block_table._compute_slot_mappings_kernel``, is swapped through vLLM's kernel
 dispatcher (``vllm.triton_utils.dispatcher.register_kernels``) for :func:`slot_mappings_from_ranges`,
 which finds the launching ``RangeBlockTables`` by its ``block_table_ptrs`` tensor and runs tagma's kernel
-(``tagma.triton_slot_mapping``) over its descriptors, into vLLM's ``slot_mappings`` buffer.
+(``tagma.worker.triton_slot_mapping``) over its descriptors, into vLLM's ``slot_mappings`` buffer.
 
 Imported only in a tagma worker that runs Model Runner V2 (which itself needs Triton).
 """
@@ -24,8 +24,9 @@ from vllm.v1.worker.gpu import block_table as v2_block_table
 from vllm.v1.worker.gpu import model_runner as v2_model_runner
 from vllm.v1.worker.gpu.block_table import BlockTables
 
-from tagma.range_rows import RangeRows
-from tagma.triton_slot_mapping import compute_slot_mapping_ranges
+from tagma.errors import TagmaUnsupported
+from tagma.worker.range_rows import RangeRows
+from tagma.worker.triton_slot_mapping import compute_slot_mapping_ranges
 
 __all__ = ["KERNEL_NAME", "RangeBlockTables", "install_v2", "slot_mappings_from_ranges", "uninstall_v2"]
 
@@ -42,11 +43,11 @@ class RangeBlockTables(BlockTables):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.num_kv_cache_groups != 1:
-            raise ValueError(f"tagma: unsupported: {self.num_kv_cache_groups} KV cache groups in the worker")
+            raise TagmaUnsupported(f"{self.num_kv_cache_groups} KV cache groups in the worker")
         if self.cp_size != 1:
-            raise ValueError("tagma: unsupported: context parallelism in the worker write path")
+            raise TagmaUnsupported("context parallelism in the worker write path")
         if not self._slot_mapping_enabled[0]:
-            raise ValueError("tagma: unsupported: a KV cache group without token slot mappings")
+            raise TagmaUnsupported("a KV cache group without token slot mappings")
         self.range_rows = RangeRows(self.max_num_reqs)
         self._register()
 
@@ -60,7 +61,7 @@ class RangeBlockTables(BlockTables):
 
     def append_block_ids(self, req_index: int, new_block_ids: tuple[list[int], ...], overwrite: bool) -> None:
         if self.redirect_writes_to_null_block:
-            raise NotImplementedError("tagma: unsupported: writes redirected to the null block (elastic EP)")
+            raise TagmaUnsupported("writes redirected to the null block (elastic EP)")
         super().append_block_ids(req_index, new_block_ids, overwrite)
         if overwrite:
             self.range_rows.replace(req_index, new_block_ids[0])
@@ -96,7 +97,7 @@ def slot_mappings_from_ranges(
     if tables is None:
         raise RuntimeError("tagma: slot mappings requested for a block table without range descriptors")
     if CP_SIZE != 1:
-        raise RuntimeError("tagma: unsupported: context parallelism in the worker write path")
+        raise TagmaUnsupported("context parallelism in the worker write path")
     on_device = tables.range_rows.on_device(tables.device)
     compute_slot_mapping_ranges(
         num_reqs=idx_mapping.shape[0],

@@ -1,0 +1,147 @@
+"""Headline rows of the host benchmark: the one table of targets, the row type and the printed table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["GUIDE", "TARGETS", "Target", "at", "fmt", "row", "summary_table"]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What tagma should reach on one headline metric, at the largest headline context.
+
+    ``better`` says how ``goal`` is read: ``speedup`` (met when paged / tagma >= goal), ``ratio`` (met when
+    tagma / paged <= goal, paged being a floor such as memcpy) or ``max`` (met when tagma <= goal).
+    """
+
+    text: str
+    goal: float
+    better: str = "speedup"
+
+    def met(self, paged: float | None, tagma: float | None) -> bool | None:
+        """Whether the measured pair meets the target (None when a value is missing)."""
+        if tagma is None:
+            return None
+        if self.better == "max":
+            return tagma <= self.goal
+        if not paged:
+            return None
+        ratio = tagma / paged
+        if self.better == "ratio":
+            return ratio <= self.goal
+        return bool(ratio) and 1.0 / ratio >= self.goal
+
+
+# Speedup = paged / tagma; "within" = tagma / floor.
+TARGETS: dict[str, Target] = {
+    "admission_free_caching_off": Target(">= 20x cheaper than vLLM", 20.0),
+    "admission_free_caching_on": Target(">= 10x cheaper than vLLM", 10.0),
+    "decode_step": Target(">= 3x cheaper than vLLM", 3.0),
+    "write_per_position": Target(">= 5x faster than vLLM's op", 5.0),
+    "write_vs_memcpy": Target("<= 1.5x the memcpy floor", 1.5, "ratio"),
+    "write_fixed": Target("<= 5 us fixed cost per call", 5.0, "max"),
+    "block_table_bytes": Target(">= 100x fewer bytes per step", 100.0),
+}
+# The scale vLLM's own code was expected to cost (low, high), against what a run measures.
+GUIDE = {
+    "admission_free_caching_off_ms": (2.5, 3.9),
+    "admission_free_caching_on_ms": (16.0, 21.0),
+    "decode_allocate_slots_us_per_request_step": (6.0, 7.0),
+    "vllm_op_per_position_ns": (2.5, 2.5),
+    "vllm_op_fixed_us": (25.0, 50.0),
+    "memcpy_per_position_ns": (0.25, 0.35),
+}
+
+
+def row(
+    metric: str,
+    context: int | None,
+    paged: float | None,
+    tagma: float | None,
+    unit: str,
+    target: Target | None = None,
+    note: str = "",
+) -> dict[str, Any]:
+    """One headline row: the pair, their ratio and, with a target, whether it is met."""
+    ratio = tagma / paged if (paged and tagma is not None) else None
+    return {
+        "metric": metric,
+        "context_tokens": context,
+        "paged": paged,
+        "tagma": tagma,
+        "unit": unit,
+        "tagma/paged": ratio,
+        "speedup": (1.0 / ratio) if ratio else None,
+        "target": target.text if target else None,
+        "met": target.met(paged, tagma) if target else None,
+        "note": note,
+    }
+
+
+def at(rows: list[dict[str, Any]], **keys: Any) -> dict[str, Any] | None:
+    """The first entry of ``rows`` whose fields equal ``keys``."""
+    for r in rows:
+        if all(r.get(k) == v for k, v in keys.items()):
+            return r
+    return None
+
+
+def fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "NO"
+    if isinstance(x, float):
+        if x == 0:
+            return "0"
+        if abs(x) >= 1000:
+            return f"{x:,.0f}"
+        if abs(x) >= 10:
+            return f"{x:.1f}"
+        if abs(x) >= 0.1:
+            return f"{x:.3f}"
+        return f"{x:.2e}"
+    return str(x)
+
+
+def summary_table(rows: list[dict[str, Any]], guide: dict[str, Any] | None = None) -> str:
+    """The headline rows as a text table; row notes and vLLM's measured cost against the guide follow it."""
+    head = ["metric", "context", "paged", "tagma", "unit", "tagma/paged", "target", "met", "note"]
+    notes: list[str] = []
+    body = []
+    for r in rows:
+        mark = ""
+        if r.get("note"):
+            notes.append(r["note"])
+            mark = f"[{len(notes)}]"
+        body.append(
+            [
+                r["metric"],
+                fmt(r["context_tokens"]),
+                fmt(r["paged"]),
+                fmt(r["tagma"]),
+                r["unit"],
+                fmt(r["tagma/paged"]),
+                r["target"] or "",
+                fmt(r["met"]),
+                mark,
+            ]
+        )
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=True)]
+    lines = [
+        "  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip()
+        for line in [head, *body]
+    ]
+    lines.insert(1, "-" * len(lines[0]))
+    lines += [f"[{i}] {note}" for i, note in enumerate(notes, 1)]
+    if guide:
+        lines.append("")
+        lines.append("vLLM's own cost in this run vs the expected scale:")
+        for key, g in guide.items():
+            lo, hi = g["guide"]
+            span = f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}"
+            where = f" at {g['context_tokens']} tokens" if "context_tokens" in g else ""
+            lines.append(f"  {key}: measured {fmt(g['measured'])}{where} (guide {span})")
+    return "\n".join(lines)

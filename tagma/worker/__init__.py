@@ -1,0 +1,10 @@
+"""tagma's worker side, in each GPU/CPU worker: the KV write path reads range descriptors.
+
+Mirrors ``vllm.v1.worker``:
+
+* :mod:`tagma.worker.block_table_v1`: Model Runner V1, a ``BlockTable`` whose slot mapping comes from ranges
+  (and ``install``/``uninstall`` of the whole worker write path, V1 or V2);
+* :mod:`tagma.worker.block_tables_v2`: Model Runner V2, the same for ``vllm.v1.worker.gpu``'s ``BlockTables``;
+* :mod:`tagma.worker.range_rows`: per-request range descriptors as flat arrays, mirrored on the device;
+* :mod:`tagma.worker.triton_slot_mapping`: the Triton kernel that turns range descriptors into slots.
+"""
