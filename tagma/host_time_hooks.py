@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tagma.contract import ENV_TELEMETRY_FILE
 from tagma.host_time import ENV_FILE, ChunkWriter, interval_from_env, process_file
 
 __all__ = [
@@ -48,7 +49,7 @@ __all__ = [
 
 _WRAPPED = "_tagma_host_time_wrapped"
 _INSTRUMENTED = "_tagma_host_time_instrumented"
-_ENV_TELEMETRY = "TAGMA_TELEMETRY_FILE"
+_ENV_TELEMETRY = ENV_TELEMETRY_FILE
 
 # Filled from the installed KVCacheManager by install_engine_side (or by a test's fake class).
 KV_MANAGER_METHODS: tuple[str, ...] = ()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -63,16 +64,24 @@ def test_the_telemetry_writer_writes_contract_records(tmp_path: Path) -> None:
         engine = RangeEngine(64, policy="headroom")
     except EngineNotBuiltError:
         pytest.skip("the engine library is not built")
+    block = lambda i: SimpleNamespace(block_id=i)  # noqa: E731
+    pool = SimpleNamespace(get_num_free_blocks=lambda: 59, num_gpu_blocks=64)
+    req_to_blocks = {"a": [block(i) for i in range(1, 6)]}
+    manager = SimpleNamespace(block_pool=pool, coordinator=SimpleNamespace(
+        single_type_managers=[SimpleNamespace(req_to_blocks=req_to_blocks)]))  # fmt: skip
     with engine:
         req = engine.create_request()
         engine.append(req, 5)
-        telemetry = Telemetry(engine, "headroom", path=str(path), interval_s=0.0)
-        telemetry.on_step()
-    line = path.read_text().splitlines()[0]
-    record = PlacementRecord.from_json(line)
-    assert record.to_dict() == json.loads(line)  # nothing written that the record does not name
-    assert record.live_requests == 1 and record.ranges_per_request.max == 1
-    assert record.used_blocks == 5 and record.peak_live_requests == 1
+        Telemetry("headroom", manager=manager, engine=engine, path=str(path), interval_s=0.0).on_step()
+    Telemetry("paged", manager=manager, path=str(path), interval_s=0.0).on_step()  # paged: no engine
+    tagma_line, paged_line = path.read_text().splitlines()
+    for line in (tagma_line, paged_line):
+        record = PlacementRecord.from_json(line)
+        assert record.to_dict() == json.loads(line)  # nothing written that the record does not name
+        assert record.live_requests == 1 and record.ranges_per_request.max == 1
+        assert record.peak_live_requests == 1 and record.free_blocks == 59
+    assert PlacementRecord.from_json(tagma_line).used_blocks == 5
+    assert PlacementRecord.from_json(paged_line).used_blocks is None  # the engine's counters are tagma's
 
 
 def test_every_refusal_is_one_error_type() -> None:
