@@ -27,6 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+import tagma.contract as contract
 from harness.arrivals import arrival_offsets
 from harness.client import RequestResult, run_requests
 from harness.config import Arm, BenchConfig
@@ -36,7 +37,6 @@ from harness.metrics import summarize
 from harness.noise import NoiseProbe, NoiseRecord, bound_cores, client_cores, loadavg_1min, pinned
 from harness.server_telemetry import TelemetrySampler
 from harness.workload import Workload
-from tagma import contract
 
 
 class RunFailed(RuntimeError):
