@@ -311,7 +311,7 @@ def test_triton_kernel_matches_engine_reference(
         batch_rows = list(range(num_reqs))
     sizes = [rows.num_blocks_of(r) if r >= 0 else 1 for r in batch_rows]
     qsl, positions = random_batch(rng, sizes)
-    positions[-1:] += BLOCK_SIZE * MAX_BLOCKS  # one position past every block: PAD
+    positions[int(qsl[-2]) :] += BLOCK_SIZE * MAX_BLOCKS  # the last entry's run lies past its blocks: PAD
     flat = rows.flat()
     out = torch.full((MAX_TOKENS,), 777, dtype=torch.int64)
     interpreted_kernels.compute_slot_mapping_ranges(
