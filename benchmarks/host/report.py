@@ -21,7 +21,8 @@ TARGETS = {
     "decode_step": ">= 3x cheaper than vLLM",
     "write_per_position": ">= 5x faster than vLLM's op",
     "write_vs_memcpy": "<= 1.5x the memcpy floor",
-    "write_fixed": "<= 5 us fixed cost per call",
+    "write_fixed": "<= 2 us fixed cost per call, <= vLLM's op",
+    "write_decode_worker": ">= 2x cheaper than vLLM (worker)",
     "block_table_bytes": ">= 100x fewer bytes per step",
 }
 # What vLLM's own code was expected to cost (the issue's guide to the scale), against what this run measured.
@@ -152,76 +153,7 @@ def headline(result: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]
                 )
     wp = sections.get("write_path")
     if wp:
-        fit = wp["prefill_fit"]
-        at = wp.get("per_position_at_longest_prefill_ns")
-        if at:
-            rows.append(
-                _row(
-                    "write path per position (longest prefill)",
-                    at["positions"],
-                    at["vllm_op"],
-                    at["tagma_binding"],
-                    "ns",
-                    TARGETS["write_per_position"],
-                    5.0,
-                    note="vLLM's CPU op vs tagma's binding, one request",
-                )
-            )
-            rows.append(
-                _row(
-                    "write path vs memcpy floor (per position)",
-                    at["positions"],
-                    at["memcpy"],
-                    at["tagma_binding"],
-                    "ns",
-                    TARGETS["write_vs_memcpy"],
-                    1.5,
-                    better="ratio",
-                    note="paged column = numpy memcpy of the same bytes",
-                )
-            )
-        if fit.get("vllm_op") and fit.get("tagma_binding"):
-            v, t = fit["vllm_op"], fit["tagma_binding"]
-            rows.append(
-                _row(
-                    "write path fixed cost per call (binding)",
-                    None,
-                    v["fixed_us"],
-                    t["fixed_us"],
-                    "us",
-                    TARGETS["write_fixed"],
-                    5.0,
-                    better="max",
-                    note="intercept of the prefill fit; tagma_raw (bare ctypes call) "
-                    f"{fit['tagma_raw']['fixed_us']:.2f} us",
-                )
-            )
-            w, tw = fit["vllm_worker"], fit["tagma_worker"]
-            rows.append(
-                _row("worker compute_slot_mapping fixed cost", None, w["fixed_us"], tw["fixed_us"], "us")
-            )
-        for p in wp["prefill"]:
-            if p["positions"] in contexts:
-                rows.append(
-                    _row(
-                        "prefill slot mapping per call (op vs binding)",
-                        p["positions"],
-                        p["variants"]["vllm_op"]["median"] / 1e3,
-                        p["variants"]["tagma_binding"]["median"] / 1e3,
-                        "us",
-                    )
-                )
-        for d in wp["decode"]:
-            if d["context_tokens"] in contexts:
-                rows.append(
-                    _row(
-                        f"decode slot mapping per call ({d['requests']} reqs, worker)",
-                        d["context_tokens"],
-                        d["variants"]["vllm_worker"]["median"] / 1e3,
-                        d["variants"]["tagma_worker"]["median"] / 1e3,
-                        "us",
-                    )
-                )
+        rows += _write_path_rows(wp, contexts)
     eng = sections.get("engine_ops")
     if eng:
         for op, label in (
@@ -309,6 +241,111 @@ def headline(result: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]
                     f"max {head['ranges_at_completion']['max']}, "
                     f"{head['requests_over_256_ranges']} reqs > 256, decode in place "
                     f"{100 * head['decode_in_place_share']:.1f}%; paged = runs of vLLM ids; {others}",
+                )
+            )
+    return rows
+
+
+def _left(row: dict[str, Any], goal: float, better: str) -> dict[str, Any]:
+    """A missed write-path target says what is left: the factor still to gain."""
+    if row["met"] is False and row["tagma"]:
+        if better == "speedup":
+            have = row["speedup"] or 0.0
+            left = f"missed: {have:.2f}x of {goal:g}x ({goal / have:.2f}x left)" if have else "missed"
+        elif better == "ratio":
+            left = f"missed: {row['tagma/paged']:.2f}x the floor, {goal:g}x allowed"
+        else:
+            left = f"missed: {row['tagma']:.2f} {row['unit']}, {goal:g} allowed"
+        row["note"] = f"{row['note']}; {left}" if row["note"] else left
+    return row
+
+
+def _write_path_rows(wp: dict[str, Any], contexts: list[int]) -> list[dict[str, Any]]:
+    """Headline rows of the write path: per position at the longest prefill (vs vLLM's op and vs the memcpy
+    floor), the binding's fixed cost per call, and decode slot mapping per step in the worker."""
+    rows: list[dict[str, Any]] = []
+    fit = wp["prefill_fit"]
+    at = wp.get("per_position_at_longest_prefill_ns")
+    if at:
+        rows.append(
+            _left(
+                _row(
+                    "write path per position (longest prefill)",
+                    at["positions"],
+                    at["vllm_op"],
+                    at["tagma_binding"],
+                    "ns",
+                    TARGETS["write_per_position"],
+                    5.0,
+                    note="vLLM's CPU op vs tagma's binding (tagma_slot_mapping_step), one request",
+                ),
+                5.0,
+                "speedup",
+            )
+        )
+        rows.append(
+            _left(
+                _row(
+                    "write path vs memcpy floor (per position)",
+                    at["positions"],
+                    at["memcpy"],
+                    at["tagma_binding"],
+                    "ns",
+                    TARGETS["write_vs_memcpy"],
+                    1.5,
+                    better="ratio",
+                    note="paged column = numpy memcpy of the same bytes",
+                ),
+                1.5,
+                "ratio",
+            )
+        )
+    if fit.get("vllm_op") and fit.get("tagma_binding"):
+        v, t = fit["vllm_op"], fit["tagma_binding"]
+        row = _row(
+            "write path fixed cost per call (binding)",
+            None,
+            v["fixed_us"],
+            t["fixed_us"],
+            "us",
+            TARGETS["write_fixed"],
+            2.0,
+            better="max",
+            note="intercept of the prefill fit; met needs <= 2 us and <= vLLM's op; tagma_raw (bare ctypes "
+            f"call) {fit['tagma_raw']['fixed_us']:.2f} us",
+        )
+        if row["met"] is not None:
+            row["met"] = bool(row["met"] and t["fixed_us"] <= v["fixed_us"])
+        rows.append(_left(row, 2.0, "max"))
+        w, tw = fit["vllm_worker"], fit["tagma_worker"]
+        rows.append(_row("worker compute_slot_mapping fixed cost", None, w["fixed_us"], tw["fixed_us"], "us"))
+    for p in wp["prefill"]:
+        if p["positions"] in contexts:
+            rows.append(
+                _row(
+                    "prefill slot mapping per call (op vs binding)",
+                    p["positions"],
+                    p["variants"]["vllm_op"]["median"] / 1e3,
+                    p["variants"]["tagma_binding"]["median"] / 1e3,
+                    "us",
+                )
+            )
+    for d in wp["decode"]:
+        if d["context_tokens"] in contexts:
+            rows.append(
+                _left(
+                    _row(
+                        f"decode slot mapping per step ({d['requests']} reqs, worker)",
+                        d["context_tokens"],
+                        d["variants"]["vllm_worker"]["median"] / 1e3,
+                        d["variants"]["tagma_worker"]["median"] / 1e3,
+                        "us",
+                        TARGETS["write_decode_worker"],
+                        2.0,
+                        note=f"{d['ranges']} ranges; vLLM's BlockTable.compute_slot_mapping vs tagma's",
+                    ),
+                    2.0,
+                    "speedup",
                 )
             )
     return rows
