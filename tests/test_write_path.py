@@ -614,3 +614,64 @@ def test_model_runner_v2_block_tables_through_vllm_kernel_dispatcher(
         gpu_block_tables.uninstall_v2()
     assert v2_block_table._compute_slot_mappings_kernel is stock_kernel
     assert v2_model_runner.BlockTables is BlockTables
+
+
+# --------------------------------------------------------------------------- a real server uses the path
+
+
+@pytest.mark.slow
+def test_a_tagma_server_writes_its_kv_slots_through_the_range_write_path(tmp_path: Path) -> None:
+    """A tagma server on the tiny model: its worker's slot mappings go through tagma's engine call.
+
+    The worker's counter file (``TAGMA_WRITE_PATH_FILE``, written only by tagma's RangeBlockTable) must
+    count at least the prompt and the decoded tokens of one request after it completed: a server that fell
+    back to vLLM's stock block table writes no file and fails here.
+    """
+    import urllib.request
+
+    from harness.launcher import Server, ServerSpec
+
+    model = Path(__file__).resolve().parent.parent / "data" / "tiny-llama"
+    if not (model / "config.json").exists():
+        pytest.skip("tiny model missing: python -m harness.tiny_model")
+    pattern = "write-path-{pid}.json"
+    spec = ServerSpec(
+        model=str(model),
+        backend="tagma",
+        dtype="float32",
+        max_model_len=2048,
+        num_gpu_blocks_override=128,
+        kv_cache_space_gib=1,
+        extra_args=("--block-size", "32", "--max-num-seqs", "4", "--seed", "0"),
+        env={
+            write_path.ENV_COUNTER_FILE: str(tmp_path / pattern),
+            write_path.ENV_COUNTER_INTERVAL: "0",
+        },
+    )
+
+    def records() -> list[dict[str, int]]:
+        return [json.loads(p.read_text()) for p in sorted(tmp_path.glob("write-path-*.json"))]
+
+    prompt, max_tokens = [0, *range(10, 609)], 8
+    with Server(spec, tmp_path / "server.log") as server:
+        before = sum(r["positions"] for r in records())
+        body = {
+            "model": str(model), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True,
+        }  # fmt: skip
+        request = urllib.request.Request(
+            f"{server.base_url}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=600) as response:
+            payload = json.loads(response.read())
+        assert payload["usage"]["completion_tokens"] == max_tokens
+        after = records()
+        log = server.log_text()
+    assert after, "no worker wrote the write-path counter: the range write path was not installed or used"
+    assert "tagma: RangeBlockTable(" in log
+    written = sum(r["positions"] for r in after) - before
+    # The prompt's KV, then one new token's KV per decode step (the last sampled token's is never written).
+    assert written >= len(prompt) + max_tokens - 1, after
+    assert all(r["device_calls"] == 0 and r["block_size"] == 32 for r in after), after
