@@ -26,6 +26,7 @@ from vllm.v1.worker.gpu.block_table import BlockTables
 
 from tagma.range_rows import RangeRows
 from tagma.triton_slot_mapping import compute_slot_mapping_ranges
+from tagma.write_path import counter
 
 __all__ = ["KERNEL_NAME", "RangeBlockTables", "install_v2", "slot_mappings_from_ranges", "uninstall_v2"]
 
@@ -48,6 +49,7 @@ class RangeBlockTables(BlockTables):
         if not self._slot_mapping_enabled[0]:
             raise ValueError("tagma: unsupported: a KV cache group without token slot mappings")
         self.range_rows = RangeRows(self.max_num_reqs)
+        self._counter = counter()
         self._register()
 
     def init_block_table_layout_tensors(self) -> None:
@@ -110,6 +112,8 @@ def slot_mappings_from_ranges(
         pad_id=PAD_ID,
         idx_mapping=idx_mapping,
     )
+    if tables._counter is not None:  # positions passed, CUDA-graph padding included
+        tables._counter.add(pos.shape[0], False, tables.block_sizes[0])
 
 
 def install_v2() -> None:

@@ -3,7 +3,9 @@
 :class:`RangeBlockTable` is vLLM's ``BlockTable`` plus per-row range descriptors kept alongside the dense
 table. The dense table stays exactly as vLLM keeps it (attention reads it); only
 ``compute_slot_mapping``, the block-table gather that feeds the KV cache writes, is replaced by range
-arithmetic: the engine's C function on CPU, tagma's Triton kernel on a GPU. Output goes into vLLM's own
+arithmetic from each request's first position: one engine call per step on CPU
+(``tagma_slot_mapping_step`` through a prepared :class:`tagma.engine.SlotMappingStep`), tagma's Triton
+kernel on a GPU. Output goes into vLLM's own
 ``slot_mapping`` buffer with vLLM's padding (PAD_SLOT_ID = -1 up to ``max_num_batched_tokens``).
 
 :func:`install` swaps it in for ``vllm.v1.worker.block_table.BlockTable`` (the name that

@@ -561,7 +561,7 @@ def test_triton_kernel_binary_search_over_many_ranges(interpreted_kernels: Modul
 
 
 def test_model_runner_v2_block_tables_through_vllm_kernel_dispatcher(
-    interpreted_kernels: ModuleType, monkeypatch: pytest.MonkeyPatch
+    interpreted_kernels: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """vLLM's own BlockTables.compute_slot_mappings launches its kernel; the dispatcher routes it to tagma's.
 
@@ -596,6 +596,7 @@ def test_model_runner_v2_block_tables_through_vllm_kernel_dispatcher(
         tables.dcp_sharded = torch.tensor([True])
         tables.slot_mappings = torch.full((1, MAX_TOKENS), 777, dtype=torch.int64)
         tables.range_rows = RangeRows(MAX_REQS)
+        tables._counter = write_path.WritePathCounter(str(tmp_path / "wp.json"), 0.0)
         tables._register()
 
         tables.append_block_ids(3, ([7, 8],), overwrite=True)
@@ -610,6 +611,8 @@ def test_model_runner_v2_block_tables_through_vllm_kernel_dispatcher(
         assert result.shape == (1, 8)
         assert tables.slot_mappings[0, :5].tolist() == [39, 80, 81, 202, -1]  # 11 -> block 9, 12 -> 20
         assert (tables.slot_mappings[0, 5:] == -1).all()
+        record = json.loads((tmp_path / "wp.json").read_text())
+        assert record["device_calls"] == 1 and record["host_calls"] == 0 and record["positions"] == 5
     finally:
         gpu_block_tables.uninstall_v2()
     assert v2_block_table._compute_slot_mappings_kernel is stock_kernel
