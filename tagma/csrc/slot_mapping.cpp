@@ -360,8 +360,8 @@ void slot_mapping_step(const tagma_slot_mapping_batch* batch) {
       fail(TAGMA_E_INVALID_ARG, "positions of request ", r, " are not consecutive: its ", n, " tokens run from ",
            p0, " to ", last);
     }
-    fill_request(b.ranges + 3 * first_range, end_range - first_range, p0, n, b.out + t0, b.block_size, block_limit,
-                 r);
+    const int32_t* own = end_range > first_range ? b.ranges + 3 * first_range : nullptr;  // ranges may be null
+    fill_request(own, end_range - first_range, p0, n, b.out + t0, b.block_size, block_limit, r);
   }
   const int64_t num_tokens = qsl[b.num_reqs];  // <= out_len: checked above (0 when num_reqs == 0)
   store_padding(b.out + num_tokens, b.out_len - num_tokens);
