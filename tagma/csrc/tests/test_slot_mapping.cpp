@@ -458,6 +458,16 @@ TEST(slot_mapping_step_padding_and_empty_batches) {
   b.num_reqs = 2;
   b.max_reqs = 2;
   require_ok(tagma_slot_mapping_step(&b), "two empty requests");
+  // A request that owns no ranges (its offsets past 0, no ranges array at all): every token is -1.
+  const int32_t no_ranges[2] = {3, 3};
+  const int32_t two_tokens[2] = {0, 2};
+  const int64_t positions[2] = {40, 41};
+  std::vector<int64_t> three(3, 9);
+  tagma_slot_mapping_batch none{nullptr, 0, no_ranges, 1, two_tokens, positions, 2, three.data(), 3, 1, 16};
+  check_error(tagma_slot_mapping_step(&none), TAGMA_E_INVALID_ARG, "tagma_slot_mapping_step");  // 3 > capacity 0
+  none.ranges_capacity = 3;
+  require_ok(tagma_slot_mapping_step(&none), "a request without ranges");
+  CHECK_EQ(three, (std::vector<int64_t>{-1, -1, -1}));
 }
 
 TEST(slot_mapping_step_long_runs_cross_ranges) {
