@@ -14,7 +14,8 @@ Environment of a tagma server (all optional):
   file I/O at all;
 * ``TAGMA_TELEMETRY_INTERVAL_S``: the least time between two lines (default 1.0 s);
 * ``TAGMA_PLACEMENT``: the engine's placement policy (``first_fit`` | ``best_fit`` | ``headroom``);
-* ``TAGMA_HOST_TIME_FILE``: where the server writes its in-server host (CPU) time records.
+* ``TAGMA_HOST_TIME_FILE``: where the server writes its in-server host (CPU) time records;
+* ``TAGMA_WRITE_PATH_FILE``: where a tagma worker writes how often its range write path ran.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "ENV_PLACEMENT",
     "ENV_TELEMETRY_FILE",
     "ENV_TELEMETRY_INTERVAL_S",
+    "ENV_WRITE_PATH_FILE",
     "HOST_TIME_FILE",
     "PAGED",
     "PLACEMENT_TELEMETRY_FILE",
@@ -53,6 +55,7 @@ ENV_TELEMETRY_INTERVAL_S: Final = "TAGMA_TELEMETRY_INTERVAL_S"
 DEFAULT_TELEMETRY_INTERVAL_S: Final = 1.0
 ENV_PLACEMENT: Final = "TAGMA_PLACEMENT"
 ENV_HOST_TIME_FILE: Final = "TAGMA_HOST_TIME_FILE"
+ENV_WRITE_PATH_FILE: Final = "TAGMA_WRITE_PATH_FILE"  # the worker's range write-path counters (JSON)
 
 # ---- files the harness asks a server to write, inside one run's directory
 PLACEMENT_TELEMETRY_FILE: Final = "tagma_telemetry.jsonl"

@@ -47,8 +47,10 @@ __all__ = [
     "TagmaOverflowError",
     "coord_offset",
     "library_path",
+    "SlotMappingStep",
     "slot_mapping_paged",
     "slot_mapping_ranges",
+    "slot_mapping_step",
     "version",
 ]
 
@@ -274,6 +276,7 @@ _SIGNATURES: Final[dict[str, tuple[Any, list[Any]]]] = {
     "tagma_ranges_histogram": (_STATUS, [_U64, _VP, _I64]),
     "tagma_slot_mapping_ranges": (_STATUS, [_VP, _VP, _I64, _VP, _VP, _I64, _VP, _I64]),
     "tagma_slot_mapping_paged": (_STATUS, [_VP, _I64, _VP, _I64, _VP, _VP, _I64, _VP, _I64]),
+    "tagma_slot_mapping_step": (_STATUS, [_VP]),
     "tagma_coord_offset": (_STATUS, [_VP, _I64, _I64, _I64, _VP]),
 }
 
@@ -827,6 +830,111 @@ def slot_mapping_paged(
     )
     if status:
         _raise(_load(), status)
+    return buf
+
+
+# ------------------------------------------------------------------- slot mapping for one step (hot path)
+
+
+class _CSlotMappingBatch(ctypes.Structure):
+    """Mirror of ``tagma_slot_mapping_batch`` (tagma.h); pointers as integer addresses."""
+
+    _fields_ = [
+        ("ranges", _VP),
+        ("ranges_capacity", _I64),
+        ("req_range_offsets", _VP),
+        ("max_reqs", _I64),
+        ("query_start_loc", _VP),
+        ("positions", _VP),
+        ("positions_capacity", _I64),
+        ("out", _VP),
+        ("out_len", _I64),
+        ("num_reqs", _I64),
+        ("block_size", _I64),
+    ]
+
+
+class SlotMappingStep:
+    """A prepared ``tagma_slot_mapping_step``: buffers that stay put are bound once, a call sets the rest.
+
+    Pointers are integer addresses (``tensor.data_ptr()``, ``array.ctypes.data``); the caller keeps the
+    buffers alive while they are bound. A call does no Python-side checking: the engine validates every
+    index against the bound capacities and returns an error status, raised here as a :class:`TagmaError`
+    with the engine's message. See tagma.h for what the engine checks and assumes (each request's tokens
+    are consecutive positions; ``query_start_loc`` has ``num_reqs + 1`` entries).
+    """
+
+    __slots__ = ("_args", "_args_p", "_fn", "_lib")
+
+    def __init__(self, block_size: int) -> None:
+        lib = _load()
+        self._lib = lib
+        self._fn = lib.tagma_slot_mapping_step
+        self._args = _CSlotMappingBatch()
+        self._args.block_size = _check_i64(block_size, "block_size")
+        self._args_p = ctypes.c_void_p(ctypes.addressof(self._args))
+
+    @property
+    def block_size(self) -> int:
+        return self._args.block_size
+
+    def bind_ranges(
+        self, ranges_ptr: int | None, ranges_capacity: int, offsets_ptr: int, max_reqs: int
+    ) -> None:
+        """The flat descriptors: ``ranges_capacity`` int32 triples at ``ranges_ptr``, ``max_reqs + 1`` int32
+        offsets at ``offsets_ptr``."""
+        a = self._args
+        a.ranges = ranges_ptr
+        a.ranges_capacity = ranges_capacity
+        a.req_range_offsets = offsets_ptr
+        a.max_reqs = max_reqs
+
+    def bind_out(self, out_ptr: int | None, out_len: int) -> None:
+        """vLLM's slot-mapping buffer: ``out_len`` int64 entries, padded with -1 past the step's tokens."""
+        self._args.out = out_ptr
+        self._args.out_len = out_len
+
+    def __call__(
+        self, num_reqs: int, query_start_loc_ptr: int, positions_ptr: int, num_positions: int
+    ) -> None:
+        """Fill the bound ``out`` for ``num_reqs`` requests: ``num_reqs + 1`` int32 query start locations at
+        ``query_start_loc_ptr``, ``num_positions`` int64 positions at ``positions_ptr``."""
+        a = self._args
+        a.num_reqs = num_reqs
+        a.query_start_loc = query_start_loc_ptr
+        a.positions = positions_ptr
+        a.positions_capacity = num_positions
+        status = self._fn(self._args_p)
+        if status:
+            _raise(self._lib, status)
+
+
+def slot_mapping_step(
+    ranges: IntArrayLike,
+    req_range_offsets: IntArrayLike,
+    query_start_loc: IntArrayLike,
+    positions: IntArrayLike,
+    block_size: int,
+    out: I64Array | None = None,
+    out_len: int | None = None,
+) -> I64Array:
+    """:func:`slot_mapping_ranges` for batches of consecutive runs, through :class:`SlotMappingStep`.
+
+    Request r's tokens must sit at consecutive positions from ``positions[query_start_loc[r]]`` (how vLLM
+    schedules them); only each request's first and last position is read. Converts its arguments on every
+    call (for tests and one-off use); the worker binds its buffers once instead.
+    """
+    rng = _as_i32(ranges, "ranges").reshape(-1, 3)
+    offsets = _as_i32(req_range_offsets, "req_range_offsets")
+    qsl = _as_i32(query_start_loc, "query_start_loc")
+    pos = _as_i64(positions, "positions")
+    if offsets.ndim != 1 or qsl.shape != offsets.shape or offsets.size == 0:
+        raise ValueError("req_range_offsets and query_start_loc must be 1-D arrays of num_reqs + 1 entries")
+    buf, length = _out_buffer(out, out_len, int(qsl[-1]))
+    step = SlotMappingStep(block_size)
+    step.bind_ranges(rng.ctypes.data, rng.shape[0], offsets.ctypes.data, offsets.size - 1)
+    step.bind_out(buf.ctypes.data, length)
+    step(offsets.size - 1, qsl.ctypes.data, pos.ctypes.data, pos.size)
     return buf
 
 

@@ -121,8 +121,10 @@ def test_slot_mappings_paged_and_ranges_match_the_reference(kernels: SimpleNames
     # Batch entry b reads row b, or row idx_mapping[b] (-1: a padding request that owns nothing).
     for idx_mapping in (None, torch.tensor([2, 0, -1, 3], dtype=torch.int32)):
         rows = idx_mapping.tolist() if idx_mapping is not None else list(range(4))
-        per_entry = [rng.integers(0, blocks_per_req[r] * bs, n) for r, n in zip(rows, lens, strict=True)]
-        positions = torch.tensor(np.concatenate(per_entry), dtype=torch.int64)  # inside each entry's row
+        # Each entry's tokens are a run of consecutive positions inside its row (how vLLM schedules them).
+        starts = [rng.integers(0, blocks_per_req[r] * bs - n + 1) for r, n in zip(rows, lens, strict=True)]
+        per_entry = [np.arange(s, s + n) for s, n in zip(starts, lens, strict=True)]
+        positions = torch.tensor(np.concatenate(per_entry), dtype=torch.int64)
         want = reference.slot_mapping(
             qsl, positions, desc.block_table, bs, max_tokens, torch.tensor(blocks_per_req), idx_mapping
         )

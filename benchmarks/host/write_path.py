@@ -7,12 +7,14 @@ Variants, all over the same block maps, measured in one interleaved loop:
   runs in place of the Triton kernel).
 * ``vllm_worker``: vLLM's ``BlockTable.compute_slot_mapping`` (the worker's call: vLLM's kernel launcher and
   dispatcher, then the op above), with ``max_num_batched_tokens`` = ``worker_max_tokens`` for decode.
-* ``tagma_binding``: :func:`tagma.engine.slot_mapping_ranges` (argument checks + one ctypes call).
-* ``tagma_raw``: the C function ``tagma_slot_mapping_ranges`` through one bare ctypes call on prepared
-  pointers: the binding's floor.
-* ``tagma_worker``: tagma's ``RangeBlockTable.compute_slot_mapping`` (range descriptors' flat view + the
-  binding; pads with -1 up to ``max_num_batched_tokens`` as vLLM's Triton kernel does; vLLM's CPU op does not
-  pad, so for decode batches tagma's worker call writes more).
+* ``tagma_binding``: :class:`tagma.engine.SlotMappingStep` (the binding the worker uses: buffers bound once,
+  a call sets the step's four values and makes one ctypes call of ``tagma_slot_mapping_step``, which reads
+  each request's first position, validates as it goes and stores runs of consecutive slots).
+* ``tagma_raw``: the same C function through one bare ctypes call on a fully prepared argument struct: the
+  binding's floor.
+* ``tagma_worker``: tagma's ``RangeBlockTable.compute_slot_mapping`` (the binding above, with the pointers of
+  vLLM's tensors; pads with -1 up to ``max_num_batched_tokens`` as vLLM's Triton kernel does; vLLM's CPU op
+  does not pad, so for decode batches tagma's worker call writes more).
 * ``memcpy``: ``numpy.copyto`` of as many int64 as the slot mapping has entries: the physical floor.
 
 Workloads: a prefill of L positions in one request (one range, as the engine places a fresh request), for
@@ -36,8 +38,7 @@ from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker.block_table import BlockTable, get_block_table_width
 
 from benchmarks.host.timing import calibrate, interleaved, summarize, timed_ns
-from tagma import engine as tagma_engine
-from tagma.engine import Policy, RangeEngine
+from tagma.engine import Policy, RangeEngine, SlotMappingStep
 from tagma.worker.block_table_v1 import RangeBlockTable
 
 __all__ = ["decode_block_maps", "run"]
@@ -136,19 +137,20 @@ class Case:
             self.stock.add_row(row.tolist(), r)
             self.tagma_table.add_row(row.tolist(), r)
         self.worker_max_tokens = max_tokens
-        lib = tagma_engine._load()
-        fn = lib.tagma_slot_mapping_ranges
-        args = (
-            self.ranges.ctypes.data,
-            self.offsets.ctypes.data,
-            num_reqs,
-            self.qsl.ctypes.data,
-            self.pos.ctypes.data,
-            block_size,
-            self.out_raw.ctypes.data,
-            num_tokens,
-        )
-        self._raw: Callable[[], int] = lambda: fn(*args)
+        # tagma's binding, bound once as the worker binds it
+        self.step = SlotMappingStep(block_size)
+        ranges_ptr, offsets_ptr = self.ranges.ctypes.data, self.offsets.ctypes.data
+        self.step.bind_ranges(ranges_ptr, self.ranges.shape[0], offsets_ptr, num_reqs)
+        self.step.bind_out(self.out_tagma.ctypes.data, num_tokens)
+        self.step_args = (num_reqs, self.qsl.ctypes.data, self.pos.ctypes.data, num_tokens)
+        # the bare C call on a prepared struct
+        raw = SlotMappingStep(block_size)
+        raw.bind_ranges(ranges_ptr, self.ranges.shape[0], offsets_ptr, num_reqs)
+        raw.bind_out(self.out_raw.ctypes.data, num_tokens)
+        raw(*self.step_args)  # sets the per-call fields once
+        fn, struct = raw._fn, raw._args_p
+        self._raw_keep = raw
+        self._raw: Callable[[], int] = lambda: fn(struct)
 
     # ---- variants: each runs `batch` calls
 
@@ -171,18 +173,9 @@ class Case:
             table.compute_slot_mapping(num_reqs, q, p)
 
     def tagma_binding(self, batch: int) -> None:
-        fn = tagma_engine.slot_mapping_ranges
-        r, off, q, p, bs, o, n = (
-            self.ranges,
-            self.offsets,
-            self.qsl,
-            self.pos,
-            self.block_size,
-            self.out_tagma,
-            self.num_tokens,
-        )
+        step, (num_reqs, q, p, n) = self.step, self.step_args
         for _ in range(batch):
-            fn(r, off, q, p, bs, out=o, out_len=n)
+            step(num_reqs, q, p, n)
 
     def tagma_raw(self, batch: int) -> None:
         raw = self._raw
@@ -351,7 +344,7 @@ def run(cfg: dict[str, Any], native: dict[str, Any] | None) -> dict[str, Any]:
             }
         )
     native_fits = {}
-    for variant in ("slot_mapping_ranges", "slot_mapping_paged", "memcpy"):
+    for variant in ("slot_mapping_step", "slot_mapping_ranges", "slot_mapping_paged", "memcpy"):
         rows = [r for r in native_out if r["variant"] == variant and r["layout"] == "one_range"]
         native_fits[variant] = _fit([r["positions"] for r in rows], [r["time"]["median"] for r in rows])
     return {
@@ -364,10 +357,11 @@ def run(cfg: dict[str, Any], native: dict[str, Any] | None) -> dict[str, Any]:
         "native": native_out,
         "native_fit": native_fits,
         "native_note": (
-            "tagma_bench: slot_mapping_ranges / slot_mapping_paged are the engine's C functions (both "
-            "validate "
-            "every input before writing; the paged one checks every valid table entry, so its decode rows "
-            "scale with the table, not the batch); memcpy is std::memcpy of the same output bytes."
+            "tagma_bench: slot_mapping_step is the worker's C function (first position per request, runs of "
+            "consecutive slots, validation fused); slot_mapping_ranges / slot_mapping_paged are the "
+            "per-token C functions (both validate every input before writing; the paged one checks every "
+            "valid table entry, so its decode rows scale with the table, not the batch); memcpy is "
+            "std::memcpy of the same output bytes."
         ),
         "identical": identical,
         "all_identical": all(all(v for k, v in c.items() if isinstance(v, bool)) for c in identical),

@@ -216,6 +216,10 @@ tagma_status tagma_slot_mapping_paged(const int32_t* block_table, int64_t max_bl
   });
 }
 
+tagma_status tagma_slot_mapping_step(const tagma_slot_mapping_batch* batch) {
+  return guarded("tagma_slot_mapping_step", [&] { tagma::slot_mapping_step(batch); });
+}
+
 tagma_status tagma_coord_offset(const tagma_coord_layout* layout, int64_t layer, int64_t block, int64_t token,
                                 int64_t* out_offset) {
   return guarded("tagma_coord_offset", [&] {

@@ -26,8 +26,8 @@
  *     guarded by a mutex).
  *   - Calls on ONE engine must be serialized by the caller (the engine has no internal lock); calls on
  *     different engines may run concurrently, except destroying an engine while another thread uses it.
- *   - tagma_slot_mapping_ranges, tagma_slot_mapping_paged and tagma_coord_offset are pure functions over
- *     caller buffers: reentrant and safe to call concurrently from any thread.
+ *   - tagma_slot_mapping_ranges, tagma_slot_mapping_paged, tagma_slot_mapping_step and tagma_coord_offset
+ *     are pure functions over caller buffers: reentrant and safe to call concurrently from any thread.
  *   - tagma_last_error() returns a thread-local string valid until the next tagma call on that thread.
  */
 #ifndef TAGMA_H
@@ -174,6 +174,38 @@ tagma_status tagma_slot_mapping_paged(const int32_t *block_table, int64_t max_bl
                                       const int32_t *num_blocks_per_req, int64_t num_reqs,
                                       const int32_t *query_start_loc, const int64_t *positions,
                                       int64_t block_size, int64_t *out, int64_t out_len);
+
+/* ---- Slot mapping for one worker step, from each request's FIRST position (the write path's hot call).
+ *
+ * vLLM schedules request r's tokens [query_start_loc[r], query_start_loc[r+1]) at consecutive positions
+ * p0, p0 + 1, ... (p0 = its computed-token count). Only the first and the last position of each request are
+ * read: p0 = positions[query_start_loc[r]], and positions[query_start_loc[r+1] - 1] must equal p0 + n - 1
+ * (else TAGMA_E_INVALID_ARG). The request's range holding p0 is found once (the last range first, then a
+ * binary search); from there each range contributes one run of consecutive slots
+ * (physical_start - first_logical_block) * block_size + p. Positions past the request's blocks get -1, and
+ * so does out[query_start_loc[num_reqs] .. out_len) (vLLM's padding).
+ *
+ * Validation is fused into the same pass: buffer bounds (every index is checked against the capacities
+ * given), offsets and query_start_loc non-decreasing (query_start_loc[0] == 0), the first range of each
+ * request starting at logical block 0, and every range a request's tokens touch (num_blocks > 0,
+ * physical_start >= 0, contiguous with the previous one, slots and positions within int64). On an error
+ * the status says what is wrong and `out` may be partly written. req_range_offsets holds max_reqs + 1
+ * entries and query_start_loc num_reqs + 1 (the caller's duty: the ABI cannot see the latter's length). */
+typedef struct tagma_slot_mapping_batch {
+    const int32_t *ranges;            /* (physical_start, num_blocks, first_logical_block) triples */
+    int64_t ranges_capacity;          /* triples readable at `ranges` */
+    const int32_t *req_range_offsets; /* request r owns ranges [off[r], off[r+1]) */
+    int64_t max_reqs;                 /* req_range_offsets has max_reqs + 1 entries; num_reqs <= max_reqs */
+    const int32_t *query_start_loc;   /* num_reqs + 1 entries */
+    const int64_t *positions;         /* positions_capacity entries */
+    int64_t positions_capacity;
+    int64_t *out;                     /* out_len entries */
+    int64_t out_len;
+    int64_t num_reqs;
+    int64_t block_size;
+} tagma_slot_mapping_batch;
+
+tagma_status tagma_slot_mapping_step(const tagma_slot_mapping_batch *batch);
 
 /* Coordinate map with bounds and overflow checks. */
 tagma_status tagma_coord_offset(const tagma_coord_layout *layout, int64_t layer, int64_t block, int64_t token,

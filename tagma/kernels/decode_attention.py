@@ -10,8 +10,9 @@ kernel merges the splits. Both variants share everything except how a KV token's
 
 * paged: per tile, ``block_table[req, t // B]`` is loaded for each token (what vLLM's Triton attention
   kernels do): a dependent load in front of every K/V load.
-* ranges: the split's first range is found once (binary search over the request's descriptors); then the
-  program walks the ranges that overlap the split, and within each range tiles of consecutive tokens at
+* ranges: the split's first range is found once (``tagma.worker.triton_slot_mapping.find_range``, the range
+  lookup every tagma kernel shares); then the program walks the ranges that overlap the split, and within
+  each range tiles of consecutive tokens at
   physical slot ``(start - first_logical) * B + t``: affine in t, no per-block load. A tile never crosses
   a range boundary, so a short range costs a partly masked tile (the price of fragmentation).
 
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
+from tagma.worker.triton_slot_mapping import find_range
 
 __all__ = ["Workspace", "decode_attention_paged", "decode_attention_ranges", "plan_splits"]
 
@@ -198,18 +201,11 @@ def _decode_ranges_kernel(
     end = tl.minimum(start + split_len, seq_len)
     head_off = kv_head * stride_ch
     # The range holding the split's first token: the last one whose first logical block is <= its block.
-    lo = tl.load(range_offsets_ptr + req)
-    hi = tl.load(range_offsets_ptr + req + 1)
-    end_range = hi
-    logical = start // KV_BLOCK_SIZE
-    for _ in range(num_search_steps):
-        step = hi - lo > 1
-        mid = (lo + hi) // 2
-        mid_first = tl.load(ranges_ptr + mid * 3 + 2, mask=step, other=0)
-        go_right = mid_first <= logical
-        lo = tl.where(step & go_right, mid, lo)
-        hi = tl.where(step & ~go_right, mid, hi)
-    r = lo
+    first_range = tl.load(range_offsets_ptr + req)
+    end_range = tl.load(range_offsets_ptr + req + 1)
+    r = find_range(
+        ranges_ptr, first_range, end_range, start // KV_BLOCK_SIZE, num_search_steps, end_range > first_range
+    )
     t_lo = start
     while (t_lo < end) & (r < end_range):
         phys_start = tl.load(ranges_ptr + r * 3)

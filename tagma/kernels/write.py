@@ -2,12 +2,13 @@
 
 * :func:`slot_mapping_paged`: vLLM's formulation (Model Runner V2's ``_compute_slot_mappings_kernel`` for
   one KV cache group, no context parallelism): ``slot = block_table[row, pos // B] * B + pos % B``.
-* :func:`slot_mapping_ranges`: tagma's kernel (``tagma.worker.triton_slot_mapping``): the same slots by binary
-  search over the row's ranges.
+* :func:`slot_mapping_ranges`: tagma's serving kernel (``tagma.worker.triton_slot_mapping``): the same slots from
+  each request's first position, one range lookup per request, then runs of consecutive slots.
 * :func:`reshape_and_cache`: vLLM's ``reshape_and_cache_kernel_flash`` (cache layout
   ``[num_blocks, B, num_kv_heads, head_dim]``, no fp8): token i's K/V rows to slot ``slot_mapping[i]``.
 * :func:`write_kv_paged` / :func:`write_kv_ranges`: the scatter with each token's slot found in the same
-  kernel (no slot-mapping tensor in between), from the block table or from the ranges.
+  kernel (no slot-mapping tensor in between), from the block table or from the ranges (the range lookup is
+  ``tagma.worker.triton_slot_mapping.find_range``, shared by every tagma kernel).
 
 Importing this module imports Triton: only GPU code and the interpreter tests import it.
 """
@@ -18,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tagma.worker.triton_slot_mapping import compute_slot_mapping_ranges
+from tagma.worker.triton_slot_mapping import compute_slot_mapping_ranges, find_range
 
 __all__ = [
     "reshape_and_cache",
@@ -129,19 +130,6 @@ def slot_mapping_ranges(
         pad_id=pad_id,
         idx_mapping=idx_mapping,
     )
-
-
-@triton.jit
-def _find_range(ranges_ptr, lo, hi, logical, num_search_steps, active):
-    """Index of the last range in [lo, hi) whose first logical block is <= ``logical`` (lo when none)."""
-    for _ in range(num_search_steps):
-        step = active & (hi - lo > 1)
-        mid = (lo + hi) // 2
-        mid_first = tl.load(ranges_ptr + mid * 3 + 2, mask=step, other=0)
-        go_right = mid_first <= logical
-        lo = tl.where(step & go_right, mid, lo)
-        hi = tl.where(step & ~go_right, mid, hi)
-    return lo
 
 
 @triton.jit
@@ -272,7 +260,7 @@ def _write_kv_ranges_kernel(
         logical = pos // KV_BLOCK_SIZE
         lo = tl.load(range_offsets_ptr + row)
         hi = tl.load(range_offsets_ptr + row + 1)
-        r = _find_range(ranges_ptr, lo, hi, logical, num_search_steps, hi > lo)
+        r = find_range(ranges_ptr, lo, hi, logical, num_search_steps, hi > lo)
         start = tl.load(ranges_ptr + r * 3, mask=hi > lo, other=0).to(tl.int64)
         count = tl.load(ranges_ptr + r * 3 + 1, mask=hi > lo, other=0)
         first = tl.load(ranges_ptr + r * 3 + 2, mask=hi > lo, other=0)

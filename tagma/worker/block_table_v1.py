@@ -3,7 +3,9 @@
 :class:`RangeBlockTable` is vLLM's ``BlockTable`` plus per-row range descriptors kept alongside the dense
 table. The dense table stays exactly as vLLM keeps it (attention reads it); only
 ``compute_slot_mapping``, the block-table gather that feeds the KV cache writes, is replaced by range
-arithmetic: the engine's C function on CPU, tagma's Triton kernel on a GPU. Output goes into vLLM's own
+arithmetic from each request's first position: one engine call per step on CPU
+(``tagma_slot_mapping_step`` through a prepared :class:`tagma.engine.SlotMappingStep`), tagma's Triton
+kernel on a GPU. Output goes into vLLM's own
 ``slot_mapping`` buffer with vLLM's padding (PAD_SLOT_ID = -1 up to ``max_num_batched_tokens``).
 
 :func:`install` swaps it in for ``vllm.v1.worker.block_table.BlockTable`` (the name that
@@ -13,7 +15,12 @@ arithmetic: the engine's C function on CPU, tagma's Triton kernel on a GPU. Outp
 
 from __future__ import annotations
 
+import atexit
+import json
 import logging
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,13 +29,90 @@ from vllm.v1.worker import block_table as v1_block_table
 from vllm.v1.worker.block_table import BlockTable, SlotMappingMode
 
 from tagma import engine
+from tagma.contract import ENV_WRITE_PATH_FILE
 from tagma.errors import TagmaUnsupported
 from tagma.worker.range_rows import RangeRows
 
-__all__ = ["RangeBlockTable", "install", "installed", "uninstall"]
+__all__ = ["RangeBlockTable", "WritePathCounter", "counter", "install", "installed", "uninstall"]
 
 _STOCK_BLOCK_TABLE = BlockTable
 logger = logging.getLogger("vllm.tagma.write_path")
+
+ENV_COUNTER_FILE = ENV_WRITE_PATH_FILE
+ENV_COUNTER_INTERVAL = "TAGMA_WRITE_PATH_INTERVAL_S"
+_INT32 = torch.int32
+_INT64 = torch.int64
+
+
+class WritePathCounter:
+    """Slot-mapping calls and positions that went through tagma's write path in this process.
+
+    With ``TAGMA_WRITE_PATH_FILE`` set, the worker rewrites that file (atomically, one JSON object) on its
+    first call and then at most every ``TAGMA_WRITE_PATH_INTERVAL_S`` seconds (default 1.0; 0: every call),
+    and once more at exit: a server whose file stays absent or at zero never used the range write path.
+    ``{pid}`` in the path is replaced by the process id (one file per worker).
+    """
+
+    def __init__(self, path: str, interval_s: float) -> None:
+        self.path = Path(path.replace("{pid}", str(os.getpid())))
+        self.interval_s = interval_s
+        self.calls = 0
+        self.positions = 0
+        self.host_calls = 0
+        self.device_calls = 0
+        self.block_size = 0
+        self._next = 0.0
+
+    @classmethod
+    def from_env(cls) -> WritePathCounter | None:
+        path = os.environ.get(ENV_COUNTER_FILE)
+        if not path:
+            return None
+        return cls(path, float(os.environ.get(ENV_COUNTER_INTERVAL, "1.0")))
+
+    def add(self, positions: int, on_host: bool, block_size: int) -> None:
+        self.calls += 1
+        self.positions += positions
+        if on_host:
+            self.host_calls += 1
+        else:
+            self.device_calls += 1
+        self.block_size = block_size
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self.interval_s
+            self.write()
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "t": time.time(),
+            "calls": self.calls,
+            "positions": self.positions,
+            "host_calls": self.host_calls,
+            "device_calls": self.device_calls,
+            "block_size": self.block_size,
+        }
+
+    def write(self) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.record()), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+
+_counter: WritePathCounter | None = None
+_counter_read = False
+
+
+def counter() -> WritePathCounter | None:
+    """This process's counter (None unless ``TAGMA_WRITE_PATH_FILE`` is set), made on first use."""
+    global _counter, _counter_read
+    if not _counter_read:
+        _counter_read = True
+        _counter = WritePathCounter.from_env()
+        if _counter is not None:
+            atexit.register(_counter.write)
+    return _counter
 
 
 class RangeBlockTable(BlockTable):
@@ -39,6 +123,12 @@ class RangeBlockTable(BlockTable):
         if self.dcp_world_size > 1 or self.pcp_world_size > 1:
             raise TagmaUnsupported("context parallelism in the worker write path")
         self.range_rows = RangeRows(self.max_num_reqs)
+        # The engine call with vLLM's buffers bound, made on the first host call: vLLM's CPU model runner
+        # points slot_mapping.gpu at the host buffer only after the table is built.
+        self._step = engine.SlotMappingStep(self.block_size)
+        self._host_out: torch.Tensor | None = None
+        self._bound_version = -1
+        self._counter = counter()
         logger.info("tagma: RangeBlockTable(block_size=%d, max_num_reqs=%d, device=%s)",
                     self.block_size, self.max_num_reqs, self.device)
 
@@ -78,28 +168,54 @@ class RangeBlockTable(BlockTable):
         query_start_loc: torch.Tensor,
         positions: torch.Tensor,
     ) -> None:
+        """vLLM's slot mapping of the step's tokens, from each request's first position and its ranges.
+
+        On the host: one engine call (``tagma_slot_mapping_step``) into vLLM's own ``slot_mapping`` buffer,
+        padded with PAD_SLOT_ID to ``max_num_batched_tokens``; the engine validates everything it reads.
+        The only checks here are the two dtypes, without which the engine would read past a buffer.
+        """
         if self.slot_mapping_mode == SlotMappingMode.NONE:
             return
+        if (
+            self.slot_mapping.gpu is self._host_out
+            and positions.dtype is _INT64
+            and query_start_loc.dtype is _INT32
+        ):
+            if self.range_rows.storage_version != self._bound_version:
+                self._bind_ranges()
+            num_positions = positions.numel()
+            self._step(num_reqs, query_start_loc.data_ptr(), positions.data_ptr(), num_positions)
+            if self._counter is not None:
+                self._counter.add(num_positions, True, self.block_size)
+            return
+        self._compute_slow(num_reqs, query_start_loc, positions)
+
+    def _bind_ranges(self) -> None:
+        ranges, offsets = self.range_rows.host_storage()
+        self._step.bind_ranges(ranges.ctypes.data, ranges.shape[0], offsets.ctypes.data, offsets.shape[0] - 1)
+        self._bound_version = self.range_rows.storage_version
+
+    def _compute_slow(self, num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor) -> None:
+        """First host call (binds vLLM's buffer), the device path, and refusals of unexpected inputs."""
         assert self.slot_mapping_mode == SlotMappingMode.TOKEN_TO_KV_SLOT
         out = self.slot_mapping.gpu
-        if out.device.type == "cpu":
-            self._compute_on_host(num_reqs, query_start_loc, positions, out)
-        else:
+        if positions.dtype != _INT64 or query_start_loc.dtype != _INT32:
+            raise TypeError(
+                f"tagma: slot mapping needs int32 query_start_loc and int64 positions, got "
+                f"{query_start_loc.dtype} and {positions.dtype}"
+            )
+        if out.device.type != "cpu":
             self._compute_on_device(num_reqs, query_start_loc, positions, out)
-
-    def _compute_on_host(
-        self, num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor, out: torch.Tensor
-    ) -> None:
-        flat = self.range_rows.flat()
-        engine.slot_mapping_ranges(
-            flat.ranges,
-            flat.offsets[: num_reqs + 1],
-            query_start_loc[: num_reqs + 1].numpy(),
-            positions.numpy(),
-            self.block_size,
-            out=out.numpy(),
-            out_len=self.max_num_batched_tokens,
-        )
+            if self._counter is not None:
+                self._counter.add(positions.shape[0], False, self.block_size)
+            return
+        if out.dtype != _INT64 or out.dim() != 1 or not out.is_contiguous():
+            raise TypeError("tagma: vLLM's slot_mapping buffer must be a contiguous 1-D int64 tensor")
+        if positions.device.type != "cpu" or query_start_loc.device.type != "cpu":
+            raise ValueError("tagma: host slot mapping needs query_start_loc and positions on the host")
+        self._step.bind_out(out.data_ptr(), out.shape[0])
+        self._host_out = out
+        self.compute_slot_mapping(num_reqs, query_start_loc, positions)
 
     def _compute_on_device(
         self, num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor, out: torch.Tensor

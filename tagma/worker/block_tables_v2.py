@@ -25,6 +25,7 @@ from vllm.v1.worker.gpu import model_runner as v2_model_runner
 from vllm.v1.worker.gpu.block_table import BlockTables
 
 from tagma.errors import TagmaUnsupported
+from tagma.worker.block_table_v1 import counter
 from tagma.worker.range_rows import RangeRows
 from tagma.worker.triton_slot_mapping import compute_slot_mapping_ranges
 
@@ -49,6 +50,7 @@ class RangeBlockTables(BlockTables):
         if not self._slot_mapping_enabled[0]:
             raise TagmaUnsupported("a KV cache group without token slot mappings")
         self.range_rows = RangeRows(self.max_num_reqs)
+        self._counter = counter()
         self._register()
 
     def init_block_table_layout_tensors(self) -> None:
@@ -111,6 +113,8 @@ def slot_mappings_from_ranges(
         pad_id=PAD_ID,
         idx_mapping=idx_mapping,
     )
+    if tables._counter is not None:  # positions passed, CUDA-graph padding included
+        tables._counter.add(pos.shape[0], False, tables.block_sizes[0])
 
 
 def install_v2() -> None:

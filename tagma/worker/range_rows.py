@@ -52,6 +52,7 @@ class RangeRows:
         self._num_blocks = np.zeros(num_rows, dtype=np.int64)
         self._dirty = True
         self._on_device: DeviceRanges | None = None
+        self.storage_version = 0  # bumped when the ranges array is reallocated (its address changes)
 
     @property
     def num_rows(self) -> int:
@@ -76,6 +77,12 @@ class RangeRows:
             self._on_device = cached
             self._dirty = False
         return cached
+
+    def host_storage(self) -> tuple[I32Array, I32Array]:
+        """The backing arrays themselves: ranges ((capacity, 3) int32, rows past ``offsets[-1]`` unused) and
+        offsets ((num_rows + 1,) int32). The offsets array never moves; the ranges array moves when it grows,
+        which bumps :attr:`storage_version`."""
+        return self._ranges, self._offsets
 
     def ranges_of(self, row: int) -> list[tuple[int, int, int]]:
         return [(s, c, f) for s, c, f in self._row(row).tolist()]
@@ -173,4 +180,5 @@ class RangeRows:
             grown = np.zeros((max(2 * self._ranges.shape[0], total + delta), 3), dtype=np.int32)
             grown[:total] = self._ranges[:total]
             self._ranges = grown
+            self.storage_version += 1
         self._ranges[start + delta : total + delta] = self._ranges[start:total]

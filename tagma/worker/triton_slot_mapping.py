@@ -1,10 +1,14 @@
-"""Slot mapping from range descriptors as a Triton kernel (the GPU write path).
+"""Slot mapping from range descriptors as a Triton kernel (the GPU write path), and the range lookup that
+every tagma Triton kernel shares.
 
 The role of vLLM's ``_compute_slot_mappings_kernel`` (Model Runner V2) and ``ComputeSlotMappingKernel``
-(Model Runner V1), with the dense block-table gather replaced by a binary search over the request's
-ranges ``(physical_start, num_blocks, first_logical_block)``:
-``slot = (physical_start + pos // B - first_logical_block) * B + pos % B``, PAD past the request's blocks,
-and the tail ``[query_start_loc[num_reqs], max_num_tokens)`` padded with PAD for CUDA graphs.
+(Model Runner V1), with the dense block-table gather replaced by range arithmetic, in the form of the
+engine's ``tagma_slot_mapping_step``: one program per request reads the request's FIRST position only
+(vLLM schedules a request's tokens at consecutive positions, ``num_computed_tokens + arange``), finds the
+range holding it once (:func:`find_range`), then walks the ranges from there, storing per range a run of
+consecutive slots ``(physical_start - first_logical_block) * B + pos``. PAD past the request's blocks and for
+a padding request (row -1), and the tail ``[query_start_loc[num_reqs], max_num_tokens)`` padded with PAD
+for CUDA graphs. No block table is loaded.
 
 Importing this module imports Triton: only GPU code paths (and the interpreter tests) import it.
 """
@@ -15,9 +19,45 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["compute_slot_mapping_ranges"]
+__all__ = ["compute_slot_mapping_ranges", "find_range"]
 
 TRITON_BLOCK_SIZE = 1024
+
+
+@triton.jit
+def find_range(ranges_ptr, lo, hi, logical, num_search_steps, active):
+    """Index of the last range in [lo, hi) whose first logical block is <= ``logical`` (lo when none).
+
+    ``ranges_ptr`` points at (physical_start, num_blocks, first_logical_block) int32 triples ordered by
+    first logical block. ``lo``, ``hi``, ``logical`` and ``active`` may be scalars or blocks of the same
+    shape; inactive lanes keep ``lo``. ``num_search_steps`` must be at least the bit length of the longest
+    [lo, hi) span. The one range lookup of tagma's Triton kernels: the write path's slot mapping here, and
+    in the GPU kernel package the fused KV writes (``write.py``) and the decode attention's split start
+    (``decode_attention.py``).
+    """
+    for _ in range(num_search_steps):
+        step = active & (hi - lo > 1)
+        mid = (lo + hi) // 2
+        mid_first = tl.load(ranges_ptr + mid * 3 + 2, mask=step, other=0)
+        go_right = mid_first <= logical
+        lo = tl.where(step & go_right, mid, lo)
+        hi = tl.where(step & ~go_right, mid, hi)
+    return lo
+
+
+@triton.jit
+def _store_run(slot_mapping_ptr, start, stop, first_value, TRITON_BLOCK_SIZE: tl.constexpr):
+    """slot_mapping[start + k] = first_value + k for k in [0, stop - start)."""
+    for i in range(start, stop, TRITON_BLOCK_SIZE):
+        offset = i + tl.arange(0, TRITON_BLOCK_SIZE)
+        tl.store(slot_mapping_ptr + offset, first_value + (offset - start), mask=offset < stop)
+
+
+@triton.jit
+def _store_pad(slot_mapping_ptr, start, stop, PAD_ID: tl.constexpr, TRITON_BLOCK_SIZE: tl.constexpr):
+    for i in range(start, stop, TRITON_BLOCK_SIZE):
+        offset = i + tl.arange(0, TRITON_BLOCK_SIZE)
+        tl.store(slot_mapping_ptr + offset, PAD_ID, mask=offset < stop)
 
 
 @triton.jit
@@ -25,7 +65,7 @@ def _slot_mapping_ranges_kernel(
     max_num_tokens,
     idx_mapping_ptr,  # [num_reqs] int32, batch index -> row (HAS_IDX_MAPPING only)
     query_start_loc_ptr,  # [num_reqs + 1] int32
-    positions_ptr,  # [num_tokens] int64
+    positions_ptr,  # [num_tokens] int64: only each request's first position is read
     ranges_ptr,  # [R, 3] int32: physical_start, num_blocks, first_logical_block
     range_offsets_ptr,  # [num_rows + 1] int32: row r owns ranges [off[r], off[r + 1])
     slot_mapping_ptr,  # [max_num_tokens] int64
@@ -38,9 +78,7 @@ def _slot_mapping_ranges_kernel(
     batch_idx = tl.program_id(0)
     if batch_idx == tl.num_programs(0) - 1:
         num_tokens = tl.load(query_start_loc_ptr + batch_idx)
-        for i in range(num_tokens, max_num_tokens, TRITON_BLOCK_SIZE):
-            offset = i + tl.arange(0, TRITON_BLOCK_SIZE)
-            tl.store(slot_mapping_ptr + offset, PAD_ID, mask=offset < max_num_tokens)
+        _store_pad(slot_mapping_ptr, num_tokens, max_num_tokens, PAD_ID, TRITON_BLOCK_SIZE)
         return
 
     if HAS_IDX_MAPPING:  # noqa: SIM108 (a constexpr branch inside the kernel)
@@ -53,30 +91,24 @@ def _slot_mapping_ranges_kernel(
     first_range = tl.load(range_offsets_ptr + safe_row)
     end_range = tl.where(is_real, tl.load(range_offsets_ptr + safe_row + 1), first_range)
 
-    start_idx = tl.load(query_start_loc_ptr + batch_idx)
-    end_idx = tl.load(query_start_loc_ptr + batch_idx + 1)
-    for i in range(start_idx, end_idx, TRITON_BLOCK_SIZE):
-        offset = i + tl.arange(0, TRITON_BLOCK_SIZE)
-        in_batch = offset < end_idx
-        pos = tl.load(positions_ptr + offset, mask=in_batch, other=0)
-        logical = pos // KV_BLOCK_SIZE
-        # The last range whose first logical block is <= logical, searched in [lo, hi).
-        lo = tl.full([TRITON_BLOCK_SIZE], 0, tl.int32) + first_range
-        hi = tl.full([TRITON_BLOCK_SIZE], 0, tl.int32) + end_range
-        for _ in range(num_search_steps):
-            active = in_batch & (hi - lo > 1)
-            mid = (lo + hi) // 2
-            mid_first = tl.load(ranges_ptr + mid * 3 + 2, mask=active, other=0)
-            go_right = mid_first <= logical
-            lo = tl.where(active & go_right, mid, lo)
-            hi = tl.where(active & ~go_right, mid, hi)
-        has_range = in_batch & (hi > lo)
-        phys_start = tl.load(ranges_ptr + lo * 3, mask=has_range, other=0).to(tl.int64)
-        count = tl.load(ranges_ptr + lo * 3 + 1, mask=has_range, other=0).to(tl.int64)
-        first = tl.load(ranges_ptr + lo * 3 + 2, mask=has_range, other=0).to(tl.int64)
-        inside = has_range & (logical >= first) & (logical < first + count) & (pos >= 0)
-        slot = (phys_start + logical - first) * KV_BLOCK_SIZE + (pos - logical * KV_BLOCK_SIZE)
-        tl.store(slot_mapping_ptr + offset, tl.where(inside, slot, PAD_ID), mask=in_batch)
+    t = tl.load(query_start_loc_ptr + batch_idx).to(tl.int64)
+    end_idx = tl.load(query_start_loc_ptr + batch_idx + 1).to(tl.int64)
+    p0 = tl.load(positions_ptr + t, mask=t < end_idx, other=0)
+    has_ranges = end_range > first_range
+    r = find_range(ranges_ptr, first_range, end_range, p0 // KV_BLOCK_SIZE, num_search_steps, has_ranges)
+    p = p0
+    # Each range the run crosses stores one stretch of consecutive slots: slot = base + position.
+    while (t < end_idx) & (r < end_range):
+        phys_start = tl.load(ranges_ptr + r * 3).to(tl.int64)
+        count = tl.load(ranges_ptr + r * 3 + 1).to(tl.int64)
+        first = tl.load(ranges_ptr + r * 3 + 2).to(tl.int64)
+        range_end = (first + count) * KV_BLOCK_SIZE  # first position past the range
+        stop = t + tl.maximum(tl.minimum(end_idx - t, range_end - p), 0)
+        _store_run(slot_mapping_ptr, t, stop, (phys_start - first) * KV_BLOCK_SIZE + p, TRITON_BLOCK_SIZE)
+        p += stop - t
+        t = stop
+        r += 1
+    _store_pad(slot_mapping_ptr, t, end_idx, PAD_ID, TRITON_BLOCK_SIZE)  # past the request's blocks
 
 
 def compute_slot_mapping_ranges(
@@ -94,8 +126,10 @@ def compute_slot_mapping_ranges(
 ) -> None:
     """Write the slot of every scheduled token into ``slot_mapping`` (1-D, padded to its length).
 
-    Batch entry b reads row ``idx_mapping[b]`` (row b without ``idx_mapping``) of the descriptors.
-    ``num_search_steps`` must be at least ``max_ranges_per_row.bit_length()``.
+    Batch entry b reads row ``idx_mapping[b]`` (row b without ``idx_mapping``) of the descriptors; its
+    tokens are ``[query_start_loc[b], query_start_loc[b + 1])`` at consecutive positions from
+    ``positions[query_start_loc[b]]``. ``num_search_steps`` must be at least
+    ``max_ranges_per_row.bit_length()``.
     """
     assert slot_mapping.dim() == 1 and slot_mapping.dtype == torch.int64
     assert ranges.dtype == torch.int32 and range_offsets.dtype == torch.int32

@@ -21,8 +21,9 @@
 //   evict_range           cache_evict(n) of one released, cache-marked request's n blocks (LRU head)
 //   slot_mapping_*        per call over a prefill of `context` positions (one request, one range or one
 //                         range per block) and over decode batches (R requests x 1 token at position
-//                         context - 1): ranges (tagma_slot_mapping_ranges), paged (tagma_slot_mapping_paged
-//                         over a dense table) and memcpy of the same output bytes (the floor).
+//                         context - 1): step (tagma_slot_mapping_step, the worker's call), ranges
+//                         (tagma_slot_mapping_ranges), paged (tagma_slot_mapping_paged over a dense table)
+//                         and memcpy of the same output bytes (the floor).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -401,6 +402,13 @@ std::vector<Result> slot_mapping_cases(const Options& options, const std::string
     }
     g_sink = g_sink + b.out[0];
   };
+  tagma_slot_mapping_batch step{b.ranges.data(), static_cast<int64_t>(b.ranges.size() / 3), b.offsets.data(),
+                                num_reqs, b.qsl.data(), b.positions.data(), tokens, b.out.data(), tokens,
+                                num_reqs, bs};
+  auto run_step = [&](int64_t batch) {
+    for (int64_t i = 0; i < batch; ++i) check(tagma_slot_mapping_step(&step), "slot_mapping_step");
+    g_sink = g_sink + b.out[0];
+  };
   auto run_memcpy = [&](int64_t batch) {
     for (int64_t i = 0; i < batch; ++i) {
       std::memcpy(b.out.data(), b.source.data(), static_cast<size_t>(tokens) * sizeof(int64_t));
@@ -413,8 +421,12 @@ std::vector<Result> slot_mapping_cases(const Options& options, const std::string
   const std::vector<int64_t> expected = b.out;
   run_paged(1);
   if (b.out != expected) die("slot mapping: ranges and paged differ (" + layout + ")");
-  const std::pair<const char*, std::function<void(int64_t)>> variants[] = {
-      {"slot_mapping_ranges", run_ranges}, {"slot_mapping_paged", run_paged}, {"memcpy", run_memcpy}};
+  run_step(1);
+  if (b.out != expected) die("slot mapping: step and paged differ (" + layout + ")");
+  const std::pair<const char*, std::function<void(int64_t)>> variants[] = {{"slot_mapping_step", run_step},
+                                                                             {"slot_mapping_ranges", run_ranges},
+                                                                             {"slot_mapping_paged", run_paged},
+                                                                             {"memcpy", run_memcpy}};
   for (const auto& [name, run] : variants) {
     Case c;
     c.setup = [](int64_t) {};
