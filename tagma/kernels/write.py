@@ -2,8 +2,8 @@
 
 * :func:`slot_mapping_paged`: vLLM's formulation (Model Runner V2's ``_compute_slot_mappings_kernel`` for
   one KV cache group, no context parallelism): ``slot = block_table[row, pos // B] * B + pos % B``.
-* :func:`slot_mapping_ranges`: tagma's serving kernel (``tagma.worker.triton_slot_mapping``): the same slots from
-  each request's first position, one range lookup per request, then runs of consecutive slots.
+* :func:`slot_mapping_ranges`: tagma's serving kernel (``tagma.worker.triton_slot_mapping``): the same slots
+  from each request's first position, one range lookup per request, then runs of consecutive slots.
 * :func:`reshape_and_cache`: vLLM's ``reshape_and_cache_kernel_flash`` (cache layout
   ``[num_blocks, B, num_kv_heads, head_dim]``, no fp8): token i's K/V rows to slot ``slot_mapping[i]``.
 * :func:`write_kv_paged` / :func:`write_kv_ranges`: the scatter with each token's slot found in the same
