@@ -36,9 +36,19 @@ from tagma.block_pool import TagmaBlockPool
 from tagma.engine import I32Array, Policy, RangeEngine
 from tagma.telemetry import Telemetry
 
-__all__ = ["ENV_POLICY", "TagmaKVCacheManager", "resolve_policy", "unsupported_feature"]
+__all__ = [
+    "ENV_POLICY",
+    "ENV_RANGE_MANAGER",
+    "TagmaKVCacheManager",
+    "range_manager_enabled",
+    "resolve_policy",
+    "unsupported_feature",
+]
 
 ENV_POLICY = "TAGMA_PLACEMENT"
+# "0" keeps the block-object manager with prefix caching off too; anything else (default) uses the
+# range-native manager (tagma.range_manager) when prefix caching is off.
+ENV_RANGE_MANAGER = "TAGMA_RANGE_MANAGER"
 # Headroom by default: under interleaved decode best/first fit place each new request right after the
 # previous one, so no request can grow in place (measured: one range per block); headroom keeps one range.
 DEFAULT_POLICY = "headroom"
@@ -61,6 +71,11 @@ def resolve_policy(policy: str | int | Policy | None = None) -> Policy:
     if policy is None:
         policy = os.environ.get(ENV_POLICY) or DEFAULT_POLICY
     return Policy.parse(policy) if isinstance(policy, str) else Policy(policy)
+
+
+def range_manager_enabled() -> bool:
+    """Whether ``TagmaKVCacheManager(...)`` with prefix caching off builds the range-native manager."""
+    return os.environ.get(ENV_RANGE_MANAGER, "1").strip() != "0"
 
 
 def unsupported_feature(kv_cache_config: KVCacheConfig, args: dict[str, Any]) -> str | None:
@@ -104,6 +119,21 @@ class TagmaKVCacheManager(KVCacheManager):
     """
 
     block_pool: TagmaBlockPool
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> TagmaKVCacheManager:
+        if cls is TagmaKVCacheManager and range_manager_enabled():
+            kwargs.pop("placement_policy", None)
+            try:
+                bound = _SIGNATURE.bind(None, *args, **kwargs)
+            except TypeError:
+                bound = None  # __init__ reports the bad arguments
+            if bound is not None:
+                bound.apply_defaults()
+                if not bound.arguments.get("enable_caching", True):
+                    from tagma.range_manager import RangeKVCacheManager
+
+                    cls = RangeKVCacheManager
+        return super().__new__(cls)
 
     def __init__(
         self,
