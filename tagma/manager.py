@@ -30,7 +30,7 @@ from vllm.v1.kv_cache_interface import (
     MLAAttentionSpec,
     SlidingWindowSpec,
 )
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 from tagma.block_pool import TagmaBlockPool
 from tagma.engine import I32Array, Policy, RangeEngine
@@ -54,6 +54,7 @@ ENV_RANGE_MANAGER = "TAGMA_RANGE_MANAGER"
 DEFAULT_POLICY = "headroom"
 
 _SIGNATURE = inspect.signature(KVCacheManager.__init__)
+_WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 # Most specific first: MLAAttentionSpec subclasses FullAttentionSpec.
 _SPEC_FEATURES: tuple[tuple[type, str], ...] = (
@@ -159,6 +160,7 @@ class TagmaKVCacheManager(KVCacheManager):
         if type(manager) is not FullAttentionManager:
             raise ValueError(f"tagma: unsupported: single-type manager {type(manager).__name__}")
         pool = coordinator.block_pool
+        self._single = manager
         self.policy = policy
         self.policy_name = policy.name.lower()
         self.engine = RangeEngine(num_blocks=pool.num_gpu_blocks, policy=policy)
@@ -167,11 +169,36 @@ class TagmaKVCacheManager(KVCacheManager):
 
     # ---- calls that take or free a request's blocks: the pool learns the request
 
-    def allocate_slots(self, request: Request, *args: Any, **kwargs: Any) -> KVCacheBlocks | None:
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, *args: Any, num_lookahead_tokens: int = 0, **kwargs: Any
+    ) -> KVCacheBlocks | None:
+        if not args and not kwargs and num_new_tokens > 0 and request.status not in _WAITING:
+            # The scheduler's call for a running request. vLLM's own fast path would find no block to
+            # allocate and no full block to cache: answer that without going through the coordinator.
+            single = self._single
+            rid = request.request_id
+            cached = single.num_cached_block.get(rid)
+            blocks = single.req_to_blocks.get(rid)
+            if cached is not None and blocks is not None:
+                max_len = self.max_model_len
+                bs = single.block_size
+                computed = request.num_computed_tokens
+                if computed > max_len:
+                    computed = max_len
+                need = computed + num_new_tokens + num_lookahead_tokens
+                if need > max_len:
+                    need = max_len
+                full = computed + num_new_tokens
+                if full > request.num_tokens:
+                    full = request.num_tokens
+                if -(-need // bs) <= len(blocks) and full // bs <= cached:
+                    return self.empty_kv_cache_blocks
         pool = self.block_pool
         prev, pool._ctx = pool._ctx, request.request_id
         try:
-            return super().allocate_slots(request, *args, **kwargs)
+            return super().allocate_slots(
+                request, num_new_tokens, *args, num_lookahead_tokens=num_lookahead_tokens, **kwargs
+            )
         finally:
             pool._ctx = prev
 

@@ -38,6 +38,7 @@ from tagma.manager import TagmaKVCacheManager
 __all__ = ["RangeBlocks", "RangeKVCacheManager"]
 
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+_NO_TOKENS = "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
 
 
 class RangeBlocks(KVCacheBlocks):
@@ -152,7 +153,7 @@ class RangeKVCacheManager(TagmaKVCacheManager):
         if num_new_computed_tokens or num_external_computed_tokens or num_encoder_tokens:
             self._refuse_adopt(num_new_computed_tokens, num_external_computed_tokens, num_encoder_tokens)
         if num_new_tokens == 0:
-            raise ValueError("num_new_tokens must be greater than 0 when there are no computed tokens to adopt")
+            raise ValueError(_NO_TOKENS)
         rid = request.request_id
         held = self._held.get(rid, 0)
         max_len = self.max_model_len

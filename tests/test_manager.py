@@ -167,9 +167,12 @@ class Twin:
             num_new = req.num_tokens - req.num_computed_tokens - hit
             if budget is not None:
                 num_new = min(num_new, budget)
-            new = manager.allocate_slots(
-                req, num_new, hit, computed, full_sequence_must_fit=self.full_sequence_must_fit
-            )
+            if first or self.full_sequence_must_fit:
+                new = manager.allocate_slots(
+                    req, num_new, hit, computed, full_sequence_must_fit=self.full_sequence_must_fit
+                )
+            else:
+                new = manager.allocate_slots(req, num_new)  # the scheduler's call for a running request
             if new is not None:
                 if first:
                     manager.record_prefix_cache_stats(req, hit)
@@ -753,4 +756,26 @@ def test_range_manager_python_bytes_per_request_are_small() -> None:
     assert resident < 1024, resident
     for req in reqs:
         manager.free(req)
+    assert_no_leak(manager)
+
+
+def test_caching_on_decode_fast_path_skips_the_coordinator() -> None:
+    twin = Twin(num_blocks=64)
+    twin.add("r", list(range(1, 6)))
+    assert twin.admit("r")
+    manager = twin.tagma
+    calls: list[int] = []
+    counted = manager.coordinator.get_num_blocks_to_allocate
+
+    def counting(*args: Any, **kwargs: Any) -> int:
+        calls.append(1)
+        return counted(*args, **kwargs)
+
+    manager.coordinator.get_num_blocks_to_allocate = counting  # type: ignore[method-assign]
+    for step in range(8):
+        assert twin.decode("r", 50 + step)  # compared with paged, hashes included, after every step
+    # 5 prompt tokens; decode tokens 6..13: a block fills (to be cached) or a new one is needed at tokens
+    # 8/9 and 12/13; the four other steps take the fast path.
+    assert len(calls) == 4
+    twin.free("r")
     assert_no_leak(manager)
