@@ -41,36 +41,47 @@ _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 _NO_TOKENS = "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
 
 
-class RangeBlocks(KVCacheBlocks):
-    """A ``KVCacheBlocks`` of one KV cache group over block ids (an int32 array or a list of ints).
+def ids_from_runs(runs: list[int], table: list[int]) -> list[int]:
+    """Block ids of flat (start, count, start, count, ...) runs: one list slice of the id table per run."""
+    if len(runs) == 2:
+        start = runs[0]
+        return table[start : start + runs[1]]
+    out: list[int] = []
+    for i in range(0, len(runs), 2):
+        start = runs[i]
+        out += table[start : start + runs[i + 1]]
+    return out
 
-    ``get_block_ids`` converts them in one step; ``blocks`` (the pool's ``KVCacheBlock`` objects) is built
-    only when a caller asks for it.
+
+class RangeBlocks(KVCacheBlocks):
+    """A ``KVCacheBlocks`` of one KV cache group over runs of consecutive block ids.
+
+    ``runs`` is flat: (start, count, start, count, ...). ``get_block_ids`` builds the id list with one list
+    slice per run of the pool's id table (the ints vLLM's blocks already hold: no int is created);
+    ``blocks`` (the pool's ``KVCacheBlock`` objects) is built only when a caller asks for it.
     """
 
-    __slots__ = ("_ids", "_pool")
+    __slots__ = ("_num", "_pool", "_runs", "_table")
 
-    def __init__(self, ids: I32Array | list[int], pool: BlockPool) -> None:  # no dataclass __init__
-        self._ids = ids
+    def __init__(self, runs: list[int], num_blocks: int, table: list[int], pool: BlockPool) -> None:
+        self._runs = runs  # no dataclass __init__: ``blocks`` is a property here
+        self._num = num_blocks
+        self._table = table
         self._pool = pool
 
     @property
     def blocks(self) -> tuple[Sequence[Any], ...]:  # type: ignore[override]
         table = self._pool.blocks
-        return ([table[i] for i in self._id_list()],)
+        return ([table[i] for i in ids_from_runs(self._runs, self._table)],)
 
     @property
-    def ids(self) -> I32Array:
-        """The block ids as an int32 array."""
-        ids = self._ids
-        return ids if type(ids) is np.ndarray else np.asarray(ids, dtype=np.int32)
-
-    def _id_list(self) -> list[int]:
-        ids = self._ids
-        return ids.tolist() if type(ids) is np.ndarray else list(ids)
+    def runs(self) -> list[tuple[int, int]]:
+        """The (start, count) runs in logical order."""
+        r = self._runs
+        return [(r[i], r[i + 1]) for i in range(0, len(r), 2)]
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return self._num
 
     def get_block_ids(  # type: ignore[override]
         self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None
@@ -78,24 +89,24 @@ class RangeBlocks(KVCacheBlocks):
         if group_ids is not None:
             if any(g != 0 for g in group_ids):
                 raise IndexError(f"KV cache group ids {list(group_ids)}: tagma has one group (0)")
-            if allow_none and (not group_ids or not len(self._ids)):
+            if allow_none and (not group_ids or not self._num):
                 return None
-            return tuple(self._id_list() for _ in group_ids)
-        if allow_none and not len(self._ids):
+            return tuple(ids_from_runs(self._runs, self._table) for _ in group_ids)
+        if allow_none and not self._num:
             return None
-        return (self._id_list(),)
+        return (ids_from_runs(self._runs, self._table),)
 
     def get_unhashed_block_ids(self) -> list[int]:
-        return self._id_list()  # prefix caching is off: no block has a hash
+        return ids_from_runs(self._runs, self._table)  # prefix caching is off: no block has a hash
 
     def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
-        return [self._id_list()]
+        return [ids_from_runs(self._runs, self._table)]
 
     def new_empty(self) -> KVCacheBlocks:
         return KVCacheBlocks(((),))
 
     def __repr__(self) -> str:
-        return f"RangeBlocks({self._id_list()!r})"
+        return f"RangeBlocks(runs={self.runs!r})"
 
 
 class RangeKVCacheManager(TagmaKVCacheManager):
@@ -116,13 +127,20 @@ class RangeKVCacheManager(TagmaKVCacheManager):
         self._zeroing: bool = bool(single.records_new_block_ids)
         self._zero_ids: list[Any] = []
         engine = self.engine
+        pool = self.block_pool
+        # Block id i as the int object vLLM's block i already holds: id lists are slices of this table.
+        self._table: list[int] = [block.block_id for block in pool.blocks]
         self._h = engine.handle
-        self._f_append = engine._f_append
+        self._f_append_runs = engine._f_append_runs
         self._f_release = engine._f_release
         self._f_create = engine._f_req_create
         self._lib = engine._lib
-        self._one = ctypes.c_int32(0)
-        self._one_p = ctypes.addressof(self._one)
+        # Out-parameters of append_runs, reused (calls on one engine are serialized).
+        self._runs_buf = (ctypes.c_int32 * (2 * pool.num_gpu_blocks))()
+        self._runs_p = ctypes.addressof(self._runs_buf)
+        self._runs_cap = pool.num_gpu_blocks
+        self._n = ctypes.c_int64(0)
+        self._n_p = ctypes.addressof(self._n)
         self._u64 = ctypes.c_uint64(0)
         self._u64_p = ctypes.addressof(self._u64)
         # The scheduler asks the coordinator, not the manager, how many blocks a request still needs.
@@ -185,20 +203,15 @@ class RangeKVCacheManager(TagmaKVCacheManager):
                 _raise(self._lib, status)
             eng = self._u64.value
             pool._engine_reqs[rid] = eng
-        ids: Any
-        if need == 1:
-            status = self._f_append(self._h, eng, 1, self._one_p, None, None)
-            ids = [self._one.value]
-        else:
-            ids = np.empty(need, dtype=np.int32)
-            status = self._f_append(self._h, eng, need, ids.ctypes.data, None, None)
+        status = self._f_append_runs(self._h, eng, need, self._runs_p, self._runs_cap, self._n_p)
         if status:
             _raise(self._lib, status)
+        runs = self._runs_buf[: 2 * self._n.value]  # a ctypes array: slicing gives a list of ints
         self._held[rid] = held + need
         pool._num_free -= need
         if self._zeroing:
-            self._zero_ids.append(ids)
-        return RangeBlocks(ids, pool)
+            self._zero_ids.append(ids_from_runs(runs, self._table))
+        return RangeBlocks(runs, need, self._table, pool)
 
     def free(self, request: Request) -> None:
         rid = request.request_id
@@ -219,18 +232,25 @@ class RangeKVCacheManager(TagmaKVCacheManager):
 
     # ---- block ids of a request
 
-    def _ids(self, request_id: str) -> I32Array:
+    def _runs(self, request_id: str) -> list[int]:
+        """The request's ranges as flat (start, count, ...) runs; empty when it holds no block."""
         eng = self.block_pool._engine_reqs.get(request_id)
         if eng is None:
-            return np.empty(0, dtype=np.int32)
-        return self.engine.blocks(eng)
+            return []
+        return self.engine.ranges_array(eng)[:, :2].ravel().tolist()
+
+    def _ids(self, request_id: str) -> I32Array:
+        return np.asarray(ids_from_runs(self._runs(request_id), self._table), dtype=np.int32)
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        ids = self._ids(request_id)
-        return RangeBlocks(ids, self.block_pool) if ids.size else self.empty_kv_cache_blocks
+        runs = self._runs(request_id)
+        if not runs:
+            return self.empty_kv_cache_blocks
+        return RangeBlocks(runs, self._held[request_id], self._table, self.block_pool)
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        return (self._ids(request_id).tolist(),)
+        runs = self._runs(request_id)
+        return (ids_from_runs(runs, self._table) if runs else [],)
 
     def num_blocks_held(self, request_id: str) -> int:
         """Blocks the request holds (0 when none)."""
@@ -244,15 +264,15 @@ class RangeKVCacheManager(TagmaKVCacheManager):
             return
         if start_token % self.block_size:
             raise ValueError(f"start_token {start_token} is not a multiple of block size {self.block_size}")
-        ids = self._ids(request_id)[start_token // self.block_size :]
-        if ids.size:
+        ids = self.get_block_ids(request_id)[0][start_token // self.block_size :]
+        if ids:
             self._zero_ids.append(ids)
 
     def take_new_block_ids(self) -> list[int]:
         ids = super().take_new_block_ids()
         if self._zero_ids:
             for chunk in self._zero_ids:
-                ids.extend(chunk.tolist() if type(chunk) is np.ndarray else chunk)
+                ids.extend(chunk)
             self._zero_ids = []
         return ids
 

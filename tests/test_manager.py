@@ -647,13 +647,13 @@ def test_range_manager_decode_fast_path_makes_no_engine_call() -> None:
     manager = TagmaKVCacheManager(make_config(64), **manager_kwargs(enable_caching=False))
     assert isinstance(manager, RangeKVCacheManager)
     calls: list[int] = []
-    append = manager._f_append
+    append = manager._f_append_runs
 
     def counting(*args: Any) -> int:
         calls.append(args[2])
         return append(*args)
 
-    manager._f_append = counting
+    manager._f_append_runs = counting
     req = make_request("r", list(range(1, 6)))  # 5 tokens: 2 blocks of 4
     new = manager.allocate_slots(req, req.num_tokens)
     assert isinstance(new, RangeBlocks) and calls == [2]
@@ -691,7 +691,8 @@ def test_range_blocks_view_matches_kv_cache_blocks() -> None:
     both = manager.empty_kv_cache_blocks + view
     assert both.get_block_ids() == (ids,)
     assert view.new_empty().get_block_ids(allow_none=True) is None
-    assert RangeBlocks(np.empty(0, dtype=np.int32), manager.block_pool).get_block_ids(allow_none=True) is None
+    assert RangeBlocks([], 0, [], manager.block_pool).get_block_ids(allow_none=True) is None
+    assert view.runs == [(ids[0], 8)]  # one range
     got = manager.get_blocks("r")
     assert isinstance(got, RangeBlocks) and got.get_block_ids() == (ids,)
     assert manager.get_blocks("unknown") is manager.empty_kv_cache_blocks
