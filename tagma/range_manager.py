@@ -168,14 +168,14 @@ class RangeKVCacheManager(TagmaKVCacheManager):
         has_scheduled_reqs: bool = True,
         **kwargs: Any,
     ) -> KVCacheBlocks | None:
-        if num_new_computed_tokens or num_external_computed_tokens or num_encoder_tokens:
-            self._refuse_adopt(num_new_computed_tokens, num_external_computed_tokens, num_encoder_tokens)
-        if num_new_tokens == 0:
+        if num_new_computed_tokens or num_encoder_tokens:
+            self._refuse_adopt(num_new_computed_tokens, num_encoder_tokens)
+        if num_new_tokens == 0 and not num_external_computed_tokens:
             raise ValueError(_NO_TOKENS)
         rid = request.request_id
         held = self._held.get(rid, 0)
         max_len = self.max_model_len
-        computed = request.num_computed_tokens
+        computed = request.num_computed_tokens + num_external_computed_tokens
         if computed > max_len:
             computed = max_len
         need_tokens = computed + num_new_tokens + num_lookahead_tokens
@@ -203,15 +203,31 @@ class RangeKVCacheManager(TagmaKVCacheManager):
                 _raise(self._lib, status)
             eng = self._u64.value
             pool._engine_reqs[rid] = eng
-        status = self._f_append_runs(self._h, eng, need, self._runs_p, self._runs_cap, self._n_p)
-        if status:
-            _raise(self._lib, status)
-        runs = self._runs_buf[: 2 * self._n.value]  # a ctypes array: slicing gives a list of ints
-        self._held[rid] = held + need
-        pool._num_free -= need
+        if num_external_computed_tokens:
+            # Tokens a KV connector computed: vLLM gives them blocks first and does not return those.
+            external = -(-computed // bs) - held
+            if external > 0:
+                runs = self._append(eng, rid, external)
+                if self._zeroing and 0 not in kwargs.get("skip_zeroing_group_ids", ()):
+                    self._zero_ids.append(ids_from_runs(runs, self._table))
+                need -= external
+                if need == 0:
+                    return self.empty_kv_cache_blocks
+        runs = self._append(eng, rid, need)
         if self._zeroing:
             self._zero_ids.append(ids_from_runs(runs, self._table))
         return RangeBlocks(runs, need, self._table, pool)
+
+    def _append(self, eng: int, rid: str, count: int) -> list[int]:
+        """One engine call: ``count`` new blocks for the request; returns them as flat runs."""
+        # No growth hint: measured in benchmarks/host/fragmentation.py ("headroom+hint"), hinting prompt +
+        # output placed worse than headroom alone except at saturation.
+        status = self._f_append_runs(self._h, eng, count, 0, self._runs_p, self._runs_cap, self._n_p)
+        if status:
+            _raise(self._lib, status)
+        self._held[rid] = self._held.get(rid, 0) + count
+        self.block_pool._num_free -= count
+        return self._runs_buf[: 2 * self._n.value]  # a ctypes array: slicing gives a list of ints
 
     def free(self, request: Request) -> None:
         rid = request.request_id
@@ -285,11 +301,9 @@ class RangeKVCacheManager(TagmaKVCacheManager):
         return need if need > 0 else 0
 
     @staticmethod
-    def _refuse_adopt(local: int, external: int, encoder: int) -> None:
+    def _refuse_adopt(local: int, encoder: int) -> None:
         if encoder:
             raise NotImplementedError("tagma: unsupported: encoder tokens (cross-attention)")
-        if external:
-            raise NotImplementedError("tagma: unsupported: externally computed tokens (KV connector)")
         if local:
             raise NotImplementedError("tagma: unsupported: prefix-cache hits with prefix caching off")
 

@@ -50,3 +50,19 @@ def test_append_runs_errors_leave_the_engine_unchanged() -> None:
     np.testing.assert_array_equal(eng.block_state()[1], before[1])
     assert eng.stats().cached_only_blocks == 10
     assert eng.append_runs(req, 5).tolist() == [[11, 5]]
+
+
+def test_append_runs_hint_places_where_the_whole_request_fits() -> None:
+    eng = RangeEngine(64, policy="first_fit")
+    reqs = [eng.create_request() for _ in range(5)]
+    for r, n in zip(reqs, (10, 6, 10, 20, 10), strict=True):
+        eng.append(r, n)
+    eng.release(reqs[1])
+    eng.release(reqs[3])
+    eng.set_policy("headroom")
+    r = eng.create_request()
+    assert eng.append_runs(r, 2, hint=7).tolist() == [[57, 2]]  # the smallest free range holding 7
+    assert eng.append_runs(r, 5).tolist() == [[59, 5]]  # grows in place
+    assert eng.num_ranges(r) == 1
+    with pytest.raises(InvalidArgumentError):
+        eng.append_runs(r, 1, hint=-1)

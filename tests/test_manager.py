@@ -733,9 +733,27 @@ def test_range_manager_refuses_what_caching_off_cannot_have() -> None:
     req = make_request("r", list(range(10)))
     with pytest.raises(ValueError, match="num_new_tokens must be greater than 0"):
         manager.allocate_slots(req, 0)
-    with pytest.raises(NotImplementedError, match="KV connector"):
-        manager.allocate_slots(req, 4, num_external_computed_tokens=4)
+    with pytest.raises(NotImplementedError, match="prefix-cache hits"):
+        manager.allocate_slots(req, 4, num_new_computed_tokens=4)
+    with pytest.raises(NotImplementedError, match="encoder"):
+        manager.allocate_slots(req, 4, num_encoder_tokens=4)
     assert manager.engine.stats().live_requests == 0
+
+
+@pytest.mark.parametrize(("external", "new"), [(8, 3), (6, 0), (5, 7)])
+def test_range_manager_external_tokens_match_paged(external: int, new: int) -> None:
+    """Tokens a KV connector computed get blocks first, and those are not among the returned new blocks."""
+    twin = Twin(num_blocks=32, enable_caching=False)
+    twin.add("x", list(range(20)))
+    outcomes = []
+    for manager, req in twin.pairs("x"):
+        got = manager.allocate_slots(req, new, num_external_computed_tokens=external)
+        assert got is not None
+        outcomes.append((len(got.get_block_ids()[0]), len(manager.get_block_ids("x")[0]), manager.usage))
+    assert outcomes[0] == outcomes[1]
+    twin.check()
+    twin.free("x")
+    assert_no_leak(twin.tagma)
 
 
 def test_range_manager_python_bytes_per_request_are_small() -> None:

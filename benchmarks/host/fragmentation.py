@@ -11,7 +11,9 @@ reference) runs exactly the same trace. The pool holds ``pool_factor`` x request
 tokens, for each of ``pool_factors`` (with a small factor the pool cannot hold every running request at its
 longest: preemptions happen, and placement runs out of room to grow).
 
-Per policy (the engine's first_fit / best_fit / headroom, the manager's default being headroom):
+Per policy (the engine's first_fit / best_fit / headroom, the manager's default being headroom; a
+"+hint" suffix passes each append the request's remaining expected blocks, prompt + output, so that a new
+range goes where the whole request fits):
 * ranges per request: at completion (mean, p50, p99, max over finished requests), and the time average of
   the mean over live requests; requests that ever exceeded 256 ranges (the seed design's cap);
 * in-place growth share: the fraction of decode appends that extended the request's last range (the
@@ -34,7 +36,7 @@ import numpy as np
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
-from tagma.engine import Policy, RangeEngine
+from tagma.engine import NoSpaceError, Policy, RangeEngine
 
 __all__ = ["make_trace", "run"]
 
@@ -72,16 +74,30 @@ class EngineSide:
     """The trace's allocator calls on a tagma engine, with the per-policy measurements."""
 
     def __init__(self, pool_blocks: int, policy: str) -> None:
-        self.engine = RangeEngine(pool_blocks, policy=Policy.parse(policy))
+        # "<policy>+hint": appends carry the request's remaining expected blocks (prompt + output, as the
+        # range manager's prompt + max_tokens), so new ranges go where the whole request fits.
+        base, _, hinted = policy.partition("+")
+        self.hinted = hinted == "hint"
+        self.engine = RangeEngine(pool_blocks, policy=Policy.parse(base))
         self.decode_appends = 0
         self.decode_in_place = 0
         self.exceeded_cap = 0
+        self.rejected = 0  # appends the engine refused although enough blocks were free
 
     def admit(self, live: Live) -> None:
         live.handle = self.engine.create_request()
 
-    def append(self, live: Live, count: int, decode: bool) -> None:
-        self.engine.append(live.handle, count)
+    def append(self, live: Live, count: int, decode: bool) -> bool:
+        try:
+            if self.hinted:
+                job = live.job
+                hint = job.prompt_blocks + job.output_blocks - live.prefilled - live.decoded
+                self.engine.append_runs(live.handle, count, hint)
+            else:
+                self.engine.append(live.handle, count)
+        except NoSpaceError:
+            self.rejected += 1  # the trace only appends what the free count allows: placement refused it
+            return False
         ranges = self.engine.num_ranges(live.handle)
         if decode:
             self.decode_appends += 1
@@ -89,6 +105,7 @@ class EngineSide:
         if ranges > SEED_DESIGN_RANGE_CAP >= live.ranges:
             self.exceeded_cap += 1
         live.ranges = ranges
+        return True
 
     def release(self, live: Live) -> int:
         ranges = self.engine.num_ranges(live.handle)
@@ -118,8 +135,9 @@ class PagedSide:
     def admit(self, live: Live) -> None:
         self.live[live.job.index] = live
 
-    def append(self, live: Live, count: int, decode: bool) -> None:
+    def append(self, live: Live, count: int, decode: bool) -> bool:
         live.blocks.extend(self.pool.get_new_blocks(count))
+        return True
 
     def release(self, live: Live) -> int:
         ranges = self.runs(live.blocks)
@@ -174,7 +192,8 @@ def simulate(
                 preemptions += 1
             if need > free:  # alone and still no room: wait (cannot happen with a sane pool size)
                 continue
-            side.append(live, need, decode=not prefill)
+            if not side.append(live, need, decode=not prefill):
+                continue  # refused although `need` blocks are free: counted as rejected, retried next tick
             free -= need
             if prefill:
                 live.prefilled += need
@@ -221,6 +240,7 @@ def simulate(
                 "in_place_share_all_appends": stats.in_place_growths
                 / max(1, stats.in_place_growths + stats.new_ranges),
                 "requests_over_256_ranges": side.exceeded_cap,
+                "rejected": side.rejected,
             }
         )
         side.engine.close()
