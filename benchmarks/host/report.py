@@ -24,6 +24,7 @@ TARGETS = {
     "write_fixed": "<= 5 us fixed cost per call",
     "block_table_bytes": ">= 100x fewer bytes per step",
     "resident_bytes": ">= 10x fewer Python bytes per resident request than vLLM",
+    "binding_fixed": "< 1 us binding cost per engine crossing on hot paths",
     "fragmentation": "pool x0.7 with preemptions: mean <= 4, p99 <= 32 ranges/request, none rejected",
 }
 FRAGMENTATION_GOAL = {"pool_factor": 0.7, "mean": 4.0, "p99": 32.0}
@@ -255,6 +256,22 @@ def headline(result: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]
                     native = e["native"]["median"] if e.get("native") else None
                     note = f"native {native:.0f} ns" if native is not None else ""
                     rows.append(_row(label, c, e["paged"]["median"], e["ctypes"]["median"], "ns", note=note))
+        for c in contexts:
+            e = _at(eng["rows"], op="grow_in_place_lean", context_tokens=c)
+            if e and e.get("native") and c == top:
+                overhead = e["binding_overhead_ns"]
+                row = _row(
+                    "binding fixed cost per crossing (lean append of 1 block, ctypes - native)",
+                    c,
+                    None,
+                    overhead,
+                    "ns",
+                    TARGETS["binding_fixed"],
+                    1000.0,
+                    better="max",
+                    note=f"ctypes {e['ctypes']['median']:.0f} ns, native {e['native']['median']:.0f} ns",
+                )
+                rows.append(row)
     bt = sections.get("block_table_traffic")
     if bt:
         for s in bt["scenarios"]:
