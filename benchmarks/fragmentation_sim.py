@@ -112,18 +112,34 @@ class EngineSide:
     def __init__(self, pool_blocks: int, policy: str, record_lengths: bool = False) -> None:
         from tagma.engine import Policy, RangeEngine
 
-        self.engine = RangeEngine(pool_blocks, policy=Policy.parse(policy))
+        # "<policy>+hint": appends carry the request's remaining expected blocks (prompt + output, as the
+        # range manager's prompt + max_tokens), so new ranges go where the whole request fits.
+        base, _, hinted = policy.partition("+")
+        self.hinted = hinted == "hint"
+        self.engine = RangeEngine(pool_blocks, policy=Policy.parse(base))
         self.decode_appends = 0
         self.decode_in_place = 0
         self.exceeded_cap = 0
+        self.rejected = 0  # appends the engine refused although enough blocks were free
         self.lengths: Counter[int] | None = Counter() if record_lengths else None
         self.blocks_per_request: list[int] = []
 
     def admit(self, live: Live) -> None:
         live.handle = self.engine.create_request()
 
-    def append(self, live: Live, count: int, decode: bool) -> None:
-        self.engine.append(live.handle, count)
+    def append(self, live: Live, count: int, decode: bool) -> bool:
+        from tagma.engine import NoSpaceError
+
+        try:
+            if self.hinted:
+                job = live.job
+                hint = job.prompt_blocks + job.output_blocks - live.prefilled - live.decoded
+                self.engine.append_runs(live.handle, count, hint)
+            else:
+                self.engine.append(live.handle, count)
+        except NoSpaceError:
+            self.rejected += 1  # the trace only appends what the free count allows: placement refused it
+            return False
         ranges = self.engine.num_ranges(live.handle)
         if decode:
             self.decode_appends += 1
@@ -131,6 +147,7 @@ class EngineSide:
         if ranges > SEED_DESIGN_RANGE_CAP >= live.ranges:
             self.exceeded_cap += 1
         live.ranges = ranges
+        return True
 
     def release(self, live: Live) -> int:
         ranges = self.engine.num_ranges(live.handle)
@@ -167,8 +184,9 @@ class PagedSide:
     def admit(self, live: Live) -> None:
         self.live[live.job.index] = live
 
-    def append(self, live: Live, count: int, decode: bool) -> None:
+    def append(self, live: Live, count: int, decode: bool) -> bool:
         live.blocks.extend(self.pool.get_new_blocks(count))
+        return True
 
     def release(self, live: Live) -> int:
         ranges = self.runs(live.blocks)
@@ -231,7 +249,8 @@ def simulate(
                 preemptions += 1
             if need > free:  # alone and still no room: wait (cannot happen with a sane pool size)
                 continue
-            side.append(live, need, decode=not prefill)
+            if not side.append(live, need, decode=not prefill):
+                continue  # refused although `need` blocks are free: counted as rejected, retried next tick
             free -= need
             if prefill:
                 live.prefilled += need
@@ -278,6 +297,7 @@ def simulate(
                 "in_place_share_all_appends": stats.in_place_growths
                 / max(1, stats.in_place_growths + stats.new_ranges),
                 "requests_over_256_ranges": side.exceeded_cap,
+                "rejected": side.rejected,
                 "samples": len(samples),
             }
         )

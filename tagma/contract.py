@@ -14,6 +14,8 @@ Environment of a tagma server (all optional):
   file I/O at all;
 * ``TAGMA_TELEMETRY_INTERVAL_S``: the least time between two lines (default 1.0 s);
 * ``TAGMA_PLACEMENT``: the engine's placement policy (``first_fit`` | ``best_fit`` | ``headroom``);
+* ``TAGMA_RANGE_MANAGER``: ``0`` keeps the block-object manager when prefix caching is off (default: the
+  range-native manager);
 * ``TAGMA_HOST_TIME_FILE``: where the server writes its in-server host (CPU) time records;
 * ``TAGMA_WRITE_PATH_FILE``: where a tagma worker writes how often its range write path ran.
 """
@@ -31,6 +33,7 @@ __all__ = [
     "DEFAULT_TELEMETRY_INTERVAL_S",
     "ENV_HOST_TIME_FILE",
     "ENV_PLACEMENT",
+    "ENV_RANGE_MANAGER",
     "ENV_TELEMETRY_FILE",
     "ENV_TELEMETRY_INTERVAL_S",
     "ENV_WRITE_PATH_FILE",
@@ -54,6 +57,7 @@ ENV_TELEMETRY_FILE: Final = "TAGMA_TELEMETRY_FILE"
 ENV_TELEMETRY_INTERVAL_S: Final = "TAGMA_TELEMETRY_INTERVAL_S"
 DEFAULT_TELEMETRY_INTERVAL_S: Final = 1.0
 ENV_PLACEMENT: Final = "TAGMA_PLACEMENT"
+ENV_RANGE_MANAGER: Final = "TAGMA_RANGE_MANAGER"  # "0": the block-object manager even with caching off
 ENV_HOST_TIME_FILE: Final = "TAGMA_HOST_TIME_FILE"
 ENV_WRITE_PATH_FILE: Final = "TAGMA_WRITE_PATH_FILE"  # the worker's range write-path counters (JSON)
 

@@ -278,6 +278,8 @@ _SIGNATURES: Final[dict[str, tuple[Any, list[Any]]]] = {
     "tagma_slot_mapping_paged": (_STATUS, [_VP, _I64, _VP, _I64, _VP, _VP, _I64, _VP, _I64]),
     "tagma_slot_mapping_step": (_STATUS, [_VP]),
     "tagma_coord_offset": (_STATUS, [_VP, _I64, _I64, _I64, _VP]),
+    # range manager
+    "tagma_request_append_runs": (_STATUS, [_U64, _U64, _I64, _I64, _VP, _I64, _VP]),
 }
 
 _DEFAULT_LIB: Final = Path(__file__).resolve().parent / "_lib" / "libtagma.so"
@@ -411,6 +413,7 @@ class RangeEngine:
         "_align",
         "_closed",
         "_f_append",
+        "_f_append_runs",
         "_f_attach",
         "_f_block",
         "_f_block_state",
@@ -486,6 +489,7 @@ class RangeEngine:
         self._f_free_ranges = lib.tagma_free_ranges
         self._f_lru = lib.tagma_lru_order
         self._f_hist = lib.tagma_ranges_histogram
+        self._f_append_runs = lib.tagma_request_append_runs
 
     # ---- lifetime
 
@@ -740,6 +744,25 @@ class RangeEngine:
         if status:
             _raise(self._lib, status)
         return out
+
+
+    # ---- range manager
+
+    def append_runs(self, request: int, count: int, hint: int = 0) -> I32Array:
+        """Append ``count`` new blocks (no eviction allowed); returns (K, 2) int32 (start, count) runs.
+
+        ``hint``: blocks the request expects to append from now on, this call included (0: no hint); a new
+        range then goes where the whole hint fits, so later appends grow in place.
+        """
+        cap = count if 0 < count <= self._num_blocks else 1
+        buf = np.empty((cap, 2), dtype=np.int32)
+        status = self._f_append_runs(
+            self._handle, request, _check_i64(count, "count"), _check_i64(hint, "hint"), buf.ctypes.data, cap,
+            self._i64_p,
+        )
+        if status:
+            _raise(self._lib, status)
+        return buf[: self._i64.value]
 
 
 # --------------------------------------------------------------------------------------- pure functions

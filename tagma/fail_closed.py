@@ -3,7 +3,8 @@
 tagma serves exactly one full-attention KV cache group whose blocks a request only appends to, written
 through plain token-to-slot mappings. Everything else is refused with one line naming the feature. The
 KV cache manager (``tagma.core.manager``) repeats the group/spec checks on the real ``KVCacheConfig`` in the
-engine core as a backstop for what only model loading reveals.
+engine core as a backstop for what only model loading reveals. What the model's config already tells about
+the KV cache groups (layer types, sliding windows, chunked attention, per-layer KV shapes) is refused here.
 """
 
 from __future__ import annotations
@@ -47,6 +48,31 @@ def _sliding_window(c: Any) -> str | None:
 def _chunked_local(c: Any) -> str | None:
     chunk = getattr(c.model_config, "attention_chunk_size", None)
     return f"chunked local attention (attention_chunk_size={chunk})" if chunk is not None else None
+
+
+# Layer kinds that are plain full attention in HF configs' ``layer_types``; anything else (linear, mamba,
+# conv, chunked, ...) gives vLLM a second KV cache spec, hence a second KV cache group.
+_FULL_ATTENTION_LAYER_TYPES = frozenset({"full_attention", "attention", "global_attention", "global"})
+
+
+def _layer_types(c: Any) -> str | None:
+    layer_types = getattr(c.model_config.hf_text_config, "layer_types", None) or ()
+    # "sliding_attention" is named by _sliding_window.
+    other = sorted({str(t) for t in layer_types} - _FULL_ATTENTION_LAYER_TYPES - {"sliding_attention"})
+    if other:
+        kinds = ", ".join(other)
+        return f"layer types other than full attention (layer_types has {kinds}: >1 KV cache group)"
+    return None
+
+
+def _per_layer_kv_shape(c: Any) -> str | None:
+    # Per-layer KV head counts or head sizes give layers different KV page sizes: several KV cache groups.
+    text = c.model_config.hf_text_config
+    for name in ("num_key_value_heads", "head_dim"):
+        value = getattr(text, name, None)
+        if isinstance(value, (list, tuple)) and len(set(value)) > 1:
+            return f"per-layer KV shapes ({name} differs between layers: >1 KV cache group)"
+    return None
 
 
 def _encoder_decoder(c: Any) -> str | None:
@@ -135,6 +161,8 @@ CHECKS: tuple[Check, ...] = (
     _hybrid,
     _sliding_window,
     _chunked_local,
+    _layer_types,
+    _per_layer_kv_shape,
     _encoder_decoder,
     _pooling,
     _diffusion,

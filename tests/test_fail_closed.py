@@ -103,6 +103,30 @@ def test_chunked_local_attention(models: Path) -> None:
     assert refusal(model) == expect("chunked local attention (attention_chunk_size=256)")
 
 
+def test_layer_types_other_than_full_attention(models: Path) -> None:
+    model = craft_model(
+        models, "linear-layers", layer_types=["full_attention", "linear_attention"], num_hidden_layers=2
+    )
+    assert refusal(model) == expect(
+        "layer types other than full attention (layer_types has linear_attention: >1 KV cache group)"
+    )
+
+
+def test_layer_types_all_full_attention_are_served(models: Path) -> None:
+    model = craft_model(models, "full-layers", layer_types=["full_attention", "full_attention"])
+    config = engine_config(model, additional_config=dict(TAGMA))
+    assert config.scheduler_config.scheduler_cls == "tagma.scheduler.TagmaScheduler"
+
+
+@pytest.mark.parametrize("name", ["num_key_value_heads", "head_dim"])
+def test_per_layer_kv_shapes(tagma_config: Any, name: str) -> None:
+    # Llama's config class validates its fields; models with per-layer shapes declare them as lists.
+    tagma_config.model_config.hf_text_config.__dict__[name] = [4, 2]
+    assert check_message(tagma_config) == expect(
+        f"per-layer KV shapes ({name} differs between layers: >1 KV cache group)"
+    )
+
+
 def test_encoder_decoder(tagma_config: Any) -> None:
     tagma_config.model_config.__dict__["is_encoder_decoder"] = True  # a cached_property of ModelConfig
     assert check_message(tagma_config) == expect("encoder-decoder models (cross-attention)")

@@ -16,6 +16,7 @@ pytest.importorskip("vllm")
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
+from benchmarks.host.engine_ops import OPS as ENGINE_OPS  # noqa: E402
 from benchmarks.host.main import SECTIONS, run  # noqa: E402
 from harness.files import read_json  # noqa: E402
 
@@ -112,7 +113,7 @@ def test_sections_cover_the_configured_sizes(smoke: tuple[dict[str, Any], Path])
     contexts = set(cfg["contexts"])
     sections = result["sections"]
     engine_ops = {(r["op"], r["context_tokens"]) for r in sections["engine_ops"]["rows"] if r["native"]}
-    assert {c for _, c in engine_ops} == contexts and len(engine_ops) == 7 * len(contexts)
+    assert {c for _, c in engine_ops} == contexts and len(engine_ops) == len(ENGINE_OPS) * len(contexts)
     manager = sections["manager"]
     assert {(e["context_tokens"], e["prefix_caching"]) for e in manager["admission_free"]} == {
         (c, caching) for c in contexts for caching in (False, True)

@@ -16,7 +16,8 @@ phases run in this order; the requests of one wave are sent together, the waves 
 
 The generated token ids (``return_token_ids``) must be identical per prompt. The tagma server's telemetry
 (``TAGMA_TELEMETRY_FILE``) must show the ranges it used, in-place growth and few ranges per request while
-many requests decode (cold pool; warm pool with prefix caching off, on a third server), and no leak once
+many requests decode (cold pool; warm pool with prefix caching off, on a third server, which tagma serves
+with its range-native manager and whose tokens must match paged's, burst included), and no leak once
 the queue drained (probe requests force fresh lines with nothing live). On a warm pool WITH prefix
 caching, exact-LRU eviction decides placement and growth does not stay in place: a strict xfail records
 that measured limit. A summary of both runs goes to ``summary.json`` next to the server logs.
@@ -275,7 +276,7 @@ def tagma_without_prefix_cache(plan: Plan, tmp_path_factory: pytest.TempPathFact
     """The same plan up to the warm phase on tagma with prefix caching off: freed blocks become free
     again instead of staying cached, so placement, not LRU eviction, decides where decode growth goes."""
     workdir = tmp_path_factory.mktemp("server-no-prefix-cache")
-    phases = {k: v for k, v in plan.items() if k in ("cold", "short", "long", "warm")}
+    phases = {k: v for k, v in plan.items() if k in ("cold", "short", "long", "warm", "burst")}
     return run_backend("tagma", phases, workdir, "tagma-no-prefix-cache", ("--no-enable-prefix-caching",))
 
 
@@ -332,6 +333,23 @@ def test_generated_token_ids_are_identical(plan: dict[str, list[list[Req]]], run
             first = next(i for i, (a, b) in enumerate(zip(paged[name], tagma[name], strict=True)) if a != b)
             differ.append(f"{name}: first difference at output token {first}")
     assert not differ, f"{len(differ)}/{len(names)} prompts differ:\n" + "\n".join(differ)
+
+
+def test_range_manager_tokens_match_paged_and_nothing_leaks(
+    plan: dict[str, list[list[Req]]], runs: dict[str, Run], tagma_without_prefix_cache: Run
+) -> None:
+    """Prefix caching off is served by the range-native manager: the same greedy tokens as paged (these
+    phases have no prefix hits on paged either), preemptions included (burst), and no leak."""
+    run = tagma_without_prefix_cache
+    names = [r.name for phase in run.phase_t for wave in plan[phase] for r in wave]
+    paged = runs["paged"].tokens
+    differ = [name for name in names if run.tokens.get(name) != paged[name]]
+    assert not differ, f"{len(differ)}/{len(names)} prompts differ from paged: {differ[:10]}"
+    assert run.alive_at_end
+    for line in run.drained:
+        assert line["live_requests"] == 0 and line["used_blocks"] == 0
+        assert line["cached_only_blocks"] == 0 and line["free_blocks"] == line["num_blocks"] - 1
+    assert run.kv_usage_drained == 0.0
 
 
 def test_both_servers_stayed_up(runs: dict[str, Run]) -> None:

@@ -35,6 +35,7 @@ CONFORMANCE = REPO / "tests" / "conformance"
 ALLOWLIST = CONFORMANCE / "allowlist.json"
 DENYLIST = CONFORMANCE / "denylist.json"
 SUMMARY = REPO / "build" / "conformance_tagma.json"
+STOCK_SUMMARY = REPO / "build" / "conformance_stock.json"
 KV_MANAGER = "tagma.core.manager:TagmaKVCacheManager"
 CORE = "tests/v1/core"
 
@@ -64,6 +65,22 @@ def _load_unique(path: Path) -> dict:
         return dict(items)
 
     return json.loads(path.read_text(), object_pairs_hook=pairs)
+
+
+def _junit_id(nodeid: str) -> str:
+    """tests/v1/core/test_x.py::name -> tests.v1.core.test_x::name (pytest's junit classname::name)."""
+    file, _, name = nodeid.partition("::")
+    return f"{file.removesuffix('.py').replace('/', '.')}::{name}"
+
+
+def _passed(summary: dict) -> set[str]:
+    return {t for f in summary["files"] for t, kind in f.get("outcomes", {}).items() if kind == "passed"}
+
+
+def _denied_refusals() -> list[str]:
+    """Denied tests (junit ids) whose expected failure is one of tagma's own refusals."""
+    deny = _load_unique(DENYLIST)
+    return [_junit_id(t) for g in deny["groups"] if g["match"].startswith("tagma:") for t in g["tests"]]
 
 
 def _covers(prefix: str, nodeid: str) -> bool:
@@ -161,11 +178,20 @@ def test_vllm_core_tests_pass_with_tagma(capsys: pytest.CaptureFixture[str]) -> 
     cmd = [
         sys.executable, "-m", "tests.conformance.run_vllm_tests",
         "--allowlist", str(ALLOWLIST), "--denylist", str(DENYLIST), "--kv-manager", KV_MANAGER,
-        "--per-file", "--jobs", "2", "--timeout", "600", "--summary", str(SUMMARY),
+        "--per-file", "--jobs", "2", "--timeout", "1500", "--summary", str(SUMMARY),
     ]  # fmt: skip
-    if SUMMARY.exists():
-        SUMMARY.unlink()
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
+    # The same files with vLLM's own manager and no denylist, in the same job: the pass sets must agree.
+    stock_cmd = [
+        sys.executable, "-m", "tests.conformance.run_vllm_tests", "--allowlist", str(ALLOWLIST),
+        "--per-file", "--jobs", "2", "--timeout", "1500", "--summary", str(STOCK_SUMMARY),
+    ]  # fmt: skip
+    for path in (SUMMARY, STOCK_SUMMARY):
+        if path.exists():
+            path.unlink()
+    stock_done = subprocess.run(stock_cmd, cwd=REPO, capture_output=True, text=True, timeout=3000)
+    stock_tail = stock_done.stdout[-3000:]
+    assert STOCK_SUMMARY.is_file(), f"no stock summary (rc={stock_done.returncode}):\n{stock_tail}"
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3000)
     out = done.stdout[-4000:] + done.stderr[-4000:]
     assert SUMMARY.is_file(), f"no summary (rc={done.returncode}):\n{out}"
     summary = json.loads(SUMMARY.read_text())
@@ -192,6 +218,23 @@ def test_vllm_core_tests_pass_with_tagma(capsys: pytest.CaptureFixture[str]) -> 
     fewer = {f: (n, EXPECTED_PASSED[f]) for f, n in passed.items() if n < EXPECTED_PASSED[f]}
     assert not fewer, f"fewer passes than expected (got, expected): {fewer}\n{report}"
     assert total["counts"]["passed"] >= sum(EXPECTED_PASSED.values()), report
+
+    # Pass sets, tagma vs stock: identical except tagma's refusals (denied with a "tagma:" failure text).
+    stock = json.loads(STOCK_SUMMARY.read_text())
+    tagma_passed, refused = _passed(summary), _denied_refusals()
+    stock_passed = _passed(stock)
+    only_tagma = tagma_passed - stock_passed
+    only_stock = stock_passed - tagma_passed
+    not_refusals = {t for t in only_stock if not any(_covers(d, t) for d in refused)}
+    comparison = (
+        f"pass sets: stock {len(stock_passed)}, tagma {len(tagma_passed)}, identical on "
+        f"{len(stock_passed & tagma_passed)}; stock-only {len(only_stock)} (tagma refusals "
+        f"{len(only_stock) - len(not_refusals)}), tagma-only {len(only_tagma)}"
+    )
+    with capsys.disabled():
+        print(comparison, flush=True)
+    assert not only_tagma, f"passed with tagma but not with vLLM's manager: {sorted(only_tagma)}"
+    assert not not_refusals, f"passed with vLLM's manager only, not a tagma refusal: {sorted(not_refusals)}"
 
     # The swap happened: the schedulers in these tests built tagma's manager, and the passes exercised it.
     swap = total["swap"]

@@ -7,6 +7,9 @@ The same operations as the native binary (see ``tagma/csrc/bench/bench_engine.cp
 * ``alloc_release``: create a request, append n blocks (ids returned), release it.
   Paged counterpart: vLLM's ``BlockPool.get_new_blocks(n)`` + ``free_blocks`` (prefix caching off).
 * ``grow_in_place``: append one block to a request of n blocks that has free blocks right after it.
+* ``grow_in_place_lean``: the same through the range manager's crossing (one prebound ctypes call of
+  tagma_request_append_runs into reused buffers); its binding overhead over the native loop is the fixed
+  cost per crossing.
   Paged counterpart: vLLM's ``BlockPool.get_new_blocks(1)`` (a decode step's new block).
 * ``append_new_range``: append one block to a request of n blocks whose tail a neighbour holds (first
   fit): the block opens a new range. (No paged counterpart: a paged block is always "a new range".)
@@ -23,6 +26,7 @@ the same loop, alternating.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +45,7 @@ OPS = (
     "coord_offset",
     "alloc_release",
     "grow_in_place",
+    "grow_in_place_lean",
     "append_new_range",
     "prefix_share_release",
     "prefix_hit_release",
@@ -131,6 +136,39 @@ def tagma_ops(n: int, block_size: int) -> dict[str, BatchOp]:
 
     grow.setup, grow.run, grow.teardown = grow_setup, grow_run, grow_teardown
     ops["grow_in_place"] = grow
+
+    # The range manager's crossing for a decode block: one prebound ctypes call into reused out-buffers
+    # (tagma_request_append_runs), no Python-side validation or result objects.
+    lean = BatchOp(_noop, blocks_per_op=1)
+
+    def lean_setup(batch: int) -> None:
+        eng = RangeEngine(n + batch + 64, policy=Policy.HEADROOM)
+        r = eng.create_request()
+        eng.append(r, n)
+        runs = (ctypes.c_int32 * 2)()
+        count = ctypes.c_int64(0)
+        lean.state.update(
+            engine=eng, request=r, before=eng.stats().in_place_growths, batch=batch, runs=runs, count=count,
+            args=(eng.handle, r, 1, 0, ctypes.addressof(runs), 1, ctypes.addressof(count)),
+        )  # fmt: skip
+
+    def lean_run(batch: int) -> None:
+        fn = lean.state["engine"]._f_append_runs
+        args = lean.state["args"]
+        for _ in range(batch):
+            if fn(*args):
+                raise AssertionError("grow_in_place_lean: append failed")
+
+    def lean_teardown() -> None:
+        eng = lean.state.pop("engine")
+        stats = eng.stats()
+        grown = stats.in_place_growths - lean.state["before"]
+        if grown != lean.state["batch"] or stats.max_request_ranges != 1:
+            raise AssertionError("grow_in_place_lean: an append did not grow in place")
+        eng.close()
+
+    lean.setup, lean.run, lean.teardown = lean_setup, lean_run, lean_teardown
+    ops["grow_in_place_lean"] = lean
 
     new_range = BatchOp(_noop, blocks_per_op=n + 2)
 
@@ -232,6 +270,7 @@ def paged_ops(n: int, block_size: int) -> dict[str, BatchOp]:
     grow.setup, grow.run, grow.teardown = grow_setup, grow_run, grow_teardown
     ops["grow_in_place"] = grow
 
+
     for cache_only in (False, True):
         pool = BlockPool(n + 64, enable_caching=True, hash_block_size=block_size)
         blocks = pool.get_new_blocks(n)
@@ -304,7 +343,8 @@ def run(cfg: dict[str, Any], native: dict[str, Any] | None) -> dict[str, Any]:
                     "tagma_impl": "tagma.engine.RangeEngine (ctypes)",
                     "ctypes": summarize(samples["tagma"], "ns"),
                 }
-            nat = native_rows.get((op, int(context)))
+            # The lean crossing does what the native grow_in_place loop does, through one ctypes call.
+            nat = native_rows.get(("grow_in_place" if op == "grow_in_place_lean" else op, int(context)))
             row["native"] = summarize(nat, "ns") if nat else None
             if nat:
                 row["binding_overhead_ns"] = row["ctypes"]["median"] - row["native"]["median"]

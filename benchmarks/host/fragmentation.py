@@ -11,7 +11,9 @@ reference) runs exactly the same trace. The pool holds ``pool_factor`` x request
 tokens, for each of ``pool_factors`` (with a small factor the pool cannot hold every running request at its
 longest: preemptions happen, and placement runs out of room to grow).
 
-Per policy (the engine's first_fit / best_fit / headroom, the manager's default being headroom):
+Per policy (the engine's first_fit / best_fit / headroom, the manager's default being headroom; a
+"+hint" suffix passes each append the request's remaining expected blocks, prompt + output, so that a new
+range goes where the whole request fits):
 * ranges per request: at completion (mean, p50, p99, max over finished requests), and the time average of
   the mean over live requests; requests that ever exceeded 256 ranges (the seed design's cap);
 * in-place growth share: the fraction of decode appends that extended the request's last range (the

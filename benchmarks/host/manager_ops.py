@@ -15,6 +15,10 @@ front-end work and stay outside the timed region; what is timed is what the sche
   prompt tokens, so boundary crossings spread over the steps); one step = ``new_step_starts()`` + R x
   ``allocate_slots(req, 1)``; reported per request-step. A sample is block_size consecutive steps, so every
   request crosses exactly one block boundary in each sample.
+* ``resident_bytes``: Python heap bytes (tracemalloc) the manager holds per resident request of ``context``
+  tokens: ``resident_requests`` requests are admitted (built before tracing starts; the returned blocks are
+  dropped) and the traced growth is divided by their number. With prefix caching off tagma's manager is
+  the range-native one (a handle and a count per request); vLLM keeps a list of block references.
 * ``prefix_hit_lookup``: ``get_computed_blocks`` of a request whose whole prompt is cached.
 * ``prefix_hit_admission``: the same + ``allocate_slots`` with the hit + ``free``.
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import gc
 import time
+import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
@@ -162,6 +167,48 @@ def admission_free(
     )
     entry["per_block_us"] = {s: entry[s]["median"] * 1e3 / n for s in SIDES}
     return entry
+
+
+# ------------------------------------------------------------------------------------- resident bytes
+
+
+def resident_bytes(
+    cfg: dict[str, Any], context: int, caching: bool, outcomes: dict[str, list[Any]]
+) -> dict[str, Any]:
+    block_size = int(cfg["block_size"])
+    count = int(cfg["manager"].get("resident_requests", 4))
+    n = -(-context // block_size)
+    policy = cfg["manager"]["policy"]
+    managers = build_managers(count * n + 64, block_size, context + block_size, caching, policy)
+    prompts = [Tokens(cfg["seed"] + 11 * context + i)(context) for i in range(count)]
+    per_request: dict[str, float] = {}
+    for side in SIDES:
+        manager = managers[side]
+        reqs = [make_request(f"m{i}", prompts[i], block_size, caching) for i in range(count)]
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            log = [admit(manager, req) for req in reqs]
+            gc.collect()
+            after = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        outcomes[side].append(("resident", log))
+        per_request[side] = (after - before) / count
+        for req in reqs:
+            manager.free(req)
+    return {
+        "op": "resident_bytes_per_request",
+        "context_tokens": context,
+        "blocks": n,
+        "prefix_caching": caching,
+        "requests": count,
+        "manager_class": {side: type(managers[side]).__name__ for side in SIDES},
+        "bytes_per_request": per_request,
+        "unit": "B",
+        "tagma/paged": per_request["tagma"] / per_request["paged"] if per_request["paged"] else None,
+    }
 
 
 # --------------------------------------------------------------------------------------------- decode
@@ -360,6 +407,12 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                     continue
                 decode.append(decode_step(cfg, int(requests), int(context), bool(caching), outcomes))
                 gc.collect()  # the managers hold reference cycles: free them before building the next
+    resident = [
+        resident_bytes(cfg, int(context), bool(caching), outcomes)
+        for caching in mcfg["caching"]
+        for context in cfg["headline_contexts"]
+    ]
+    gc.collect()
     hits = [e for context in mcfg["prefix_hit_contexts"] for e in prefix_hit(cfg, int(context), outcomes)]
     identical = outcomes["paged"] == outcomes["tagma"]
     return {
@@ -370,6 +423,13 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "decode_step": decode,
         "decode_skipped": skipped,
         "prefix_hit": hits,
+        "resident_bytes": resident,
+        "manager_class": {
+            f"caching_{'on' if caching else 'off'}": type(
+                build_managers(8, int(cfg["block_size"]), 64, caching, mcfg["policy"])["tagma"]
+            ).__name__
+            for caching in (False, True)
+        },
         "outcomes_identical": identical,
         "outcomes_compared": len(outcomes["paged"]),
     }

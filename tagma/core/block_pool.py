@@ -24,11 +24,37 @@ from vllm.v1.request import Request
 from tagma.engine import NoSpaceError, RangeEngine
 from tagma.errors import TagmaUnsupported
 
-__all__ = ["FreeBlockCount", "TagmaBlockPool", "unsupported"]
+__all__ = ["FreeBlockCount", "RangeRelease", "TagmaBlockPool", "unsupported"]
 
 
 def unsupported(feature: str) -> NoReturn:
     raise TagmaUnsupported(feature)
+
+
+class RangeRelease:
+    """A whole request's blocks popped for a deferred free (range manager): its engine request and size.
+
+    The scheduler keeps it and later hands it (or ``reversed`` of it) to ``block_pool.free_blocks``, which
+    releases the engine request in one call. No block list is built.
+    """
+
+    __slots__ = ("engine_request", "num_blocks")
+
+    def __init__(self, engine_request: int | None, num_blocks: int) -> None:
+        self.engine_request = engine_request
+        self.num_blocks = num_blocks
+
+    def __len__(self) -> int:
+        return self.num_blocks
+
+    def __reversed__(self) -> RangeRelease:
+        return self  # the engine releases a request's blocks in reverse logical order itself
+
+    def __iter__(self) -> Any:
+        unsupported("iterating the blocks of a deferred range release")
+
+    def __repr__(self) -> str:
+        return f"RangeRelease(engine_request={self.engine_request}, num_blocks={self.num_blocks})"
 
 
 class FreeBlockCount:
@@ -174,6 +200,12 @@ class TagmaBlockPool(BlockPool):
         self._num_free -= newly_used
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        if type(ordered_blocks) is RangeRelease:
+            if ordered_blocks.engine_request is not None:
+                self.engine.release(ordered_blocks.engine_request)
+                ordered_blocks.engine_request = None  # a second free of the same release is a no-op
+                self._num_free += ordered_blocks.num_blocks
+            return
         if self._freeing:
             # A whole request's blocks, from TagmaKVCacheManager.free.
             eng = self._engine_reqs.pop(self._ctx, None)  # type: ignore[arg-type]

@@ -30,22 +30,32 @@ from vllm.v1.kv_cache_interface import (
     MLAAttentionSpec,
     SlidingWindowSpec,
 )
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
-from tagma.contract import ENV_PLACEMENT
+from tagma.contract import ENV_PLACEMENT, ENV_RANGE_MANAGER
 from tagma.core.block_pool import TagmaBlockPool
 from tagma.engine import I32Array, Policy, RangeEngine
 from tagma.errors import TagmaUnsupported
 from tagma.telemetry import Telemetry
 
-__all__ = ["ENV_POLICY", "TagmaKVCacheManager", "resolve_policy", "unsupported_feature"]
+__all__ = [
+    "ENV_POLICY",
+    "ENV_RANGE_MANAGER",
+    "TagmaKVCacheManager",
+    "range_manager_enabled",
+    "resolve_policy",
+    "unsupported_feature",
+]
 
 ENV_POLICY = ENV_PLACEMENT
+# "0" keeps the block-object manager with prefix caching off too; anything else (default) uses the
+# range-native manager (tagma.core.range_manager) when prefix caching is off.
 # Headroom by default: under interleaved decode best/first fit place each new request right after the
 # previous one, so no request can grow in place (measured: one range per block); headroom keeps one range.
 DEFAULT_POLICY = "headroom"
 
 _SIGNATURE = inspect.signature(KVCacheManager.__init__)
+_WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 # Most specific first: MLAAttentionSpec subclasses FullAttentionSpec.
 _SPEC_FEATURES: tuple[tuple[type, str], ...] = (
@@ -63,6 +73,11 @@ def resolve_policy(policy: str | int | Policy | None = None) -> Policy:
     if policy is None:
         policy = os.environ.get(ENV_POLICY) or DEFAULT_POLICY
     return Policy.parse(policy) if isinstance(policy, str) else Policy(policy)
+
+
+def range_manager_enabled() -> bool:
+    """Whether ``TagmaKVCacheManager(...)`` with prefix caching off builds the range-native manager."""
+    return os.environ.get(ENV_RANGE_MANAGER, "1").strip() != "0"
 
 
 def unsupported_feature(kv_cache_config: KVCacheConfig, args: dict[str, Any]) -> str | None:
@@ -107,6 +122,21 @@ class TagmaKVCacheManager(KVCacheManager):
 
     block_pool: TagmaBlockPool
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> TagmaKVCacheManager:
+        if cls is TagmaKVCacheManager and range_manager_enabled():
+            kwargs.pop("placement_policy", None)
+            try:
+                bound = _SIGNATURE.bind(None, *args, **kwargs)
+            except TypeError:
+                bound = None  # __init__ reports the bad arguments
+            if bound is not None:
+                bound.apply_defaults()
+                if not bound.arguments.get("enable_caching", True):
+                    from tagma.core.range_manager import RangeKVCacheManager
+
+                    cls = RangeKVCacheManager
+        return super().__new__(cls)
+
     def __init__(
         self,
         kv_cache_config: KVCacheConfig,
@@ -131,6 +161,7 @@ class TagmaKVCacheManager(KVCacheManager):
         if type(manager) is not FullAttentionManager:
             raise TagmaUnsupported(f"single-type manager {type(manager).__name__}")
         pool = coordinator.block_pool
+        self._single = manager
         self.policy = policy
         self.policy_name = policy.name.lower()
         self.engine = RangeEngine(num_blocks=pool.num_gpu_blocks, policy=policy)
@@ -139,11 +170,36 @@ class TagmaKVCacheManager(KVCacheManager):
 
     # ---- calls that take or free a request's blocks: the pool learns the request
 
-    def allocate_slots(self, request: Request, *args: Any, **kwargs: Any) -> KVCacheBlocks | None:
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, *args: Any, num_lookahead_tokens: int = 0, **kwargs: Any
+    ) -> KVCacheBlocks | None:
+        if not args and not kwargs and num_new_tokens > 0 and request.status not in _WAITING:
+            # The scheduler's call for a running request. vLLM's own fast path would find no block to
+            # allocate and no full block to cache: answer that without going through the coordinator.
+            single = self._single
+            rid = request.request_id
+            cached = single.num_cached_block.get(rid)
+            blocks = single.req_to_blocks.get(rid)
+            if cached is not None and blocks is not None:
+                max_len = self.max_model_len
+                bs = single.block_size
+                computed = request.num_computed_tokens
+                if computed > max_len:
+                    computed = max_len
+                need = computed + num_new_tokens + num_lookahead_tokens
+                if need > max_len:
+                    need = max_len
+                full = computed + num_new_tokens
+                if full > request.num_tokens:
+                    full = request.num_tokens
+                if -(-need // bs) <= len(blocks) and full // bs <= cached:
+                    return self.empty_kv_cache_blocks
         pool = self.block_pool
         prev, pool._ctx = pool._ctx, request.request_id
         try:
-            return super().allocate_slots(request, *args, **kwargs)
+            return super().allocate_slots(
+                request, num_new_tokens, *args, num_lookahead_tokens=num_lookahead_tokens, **kwargs
+            )
         finally:
             pool._ctx = prev
 

@@ -32,6 +32,45 @@ void Engine::append(uint64_t id, int64_t count, int32_t* new_blocks_out, int32_t
   allocate(request, count, new_blocks_out);
 }
 
+int64_t Engine::append_runs(uint64_t id, int64_t count, int64_t hint, int32_t* runs_out, int64_t capacity) {
+  find_request(id);
+  require_positive(count, "count");
+  if (hint < 0) fail(TAGMA_E_INVALID_ARG, "hint ", hint, " must be >= 0");
+  require_non_null(runs_out, "runs_out");
+  if (capacity < count) fail(TAGMA_E_INVALID_ARG, "capacity ", capacity, " must be >= count ", count);
+  if (free_list_.free_blocks() < count && lru_.size() > 0) {
+    fail(TAGMA_E_STATE, "count ", count, " would evict cache-only blocks (", free_list_.free_blocks(),
+         " free): use tagma_request_append, which reports evictions");
+  }
+  append_scratch_.resize(static_cast<size_t>(count));  // may throw bad_alloc: nothing changed yet
+  growth_hint_ = hint;
+  try {
+    append(id, count, append_scratch_.data(), nullptr, nullptr);
+  } catch (...) {
+    growth_hint_ = 0;
+    throw;
+  }
+  growth_hint_ = 0;
+  int64_t runs = 0;
+  int32_t start = append_scratch_[0];
+  int32_t length = 1;
+  for (size_t i = 1; i < append_scratch_.size(); ++i) {
+    const int32_t block = append_scratch_[i];
+    if (block == start + length) {
+      ++length;
+      continue;
+    }
+    runs_out[2 * runs] = start;
+    runs_out[2 * runs + 1] = length;
+    ++runs;
+    start = block;
+    length = 1;
+  }
+  runs_out[2 * runs] = start;
+  runs_out[2 * runs + 1] = length;
+  return runs + 1;
+}
+
 // Blocks by which the last range can grow in place: the free run right after it, at most `count`, rounded
 // down to the alignment so that whatever remains to allocate is still a multiple of it.
 int32_t Engine::growth_room(const Request& request, int64_t count) const {
@@ -67,7 +106,11 @@ void Engine::allocate(Request& request, int64_t count, int32_t* new_blocks_out) 
     rest -= grown;
   }
   if (rest > 0) {
-    if (const std::optional<int32_t> start = free_list_.place(policy_, rest)) {
+    std::optional<int32_t> start;
+    const int64_t want = align_up(std::min<int64_t>(growth_hint_ - grown, geometry_.num_blocks), geometry_.align);
+    if (want > rest) start = free_list_.place_for_growth(rest, static_cast<int32_t>(want));
+    if (!start) start = free_list_.place(policy_, rest);
+    if (start) {
       add_new_range(request, *start, rest, new_blocks_out);
     } else {
       // No free range fits: aligned pieces of the free ranges, largest capacity first.

@@ -229,4 +229,14 @@ tagma_status tagma_coord_offset(const tagma_coord_layout* layout, int64_t layer,
   });
 }
 
+// ---- range manager
+
+tagma_status tagma_request_append_runs(tagma_engine_handle h, uint64_t request, int64_t count, int64_t hint,
+                                       int32_t* runs_out, int64_t capacity, int64_t* num_runs) {
+  return with_engine("tagma_request_append_runs", h, [&](Engine& engine) {
+    require_non_null(num_runs, "num_runs");
+    *num_runs = engine.append_runs(request, count, hint, runs_out, capacity);
+  });
+}
+
 }  // extern "C"

@@ -47,6 +47,9 @@ class Engine {
   void release_request(uint64_t id);
   void append(uint64_t id, int64_t count, int32_t* new_blocks_out, int32_t* evicted_out, int64_t* num_evicted);
   void attach(uint64_t id, const int32_t* block_ids, int64_t count);
+  // append() reporting the new blocks as (start, count) runs, with a growth hint; see
+  // tagma_request_append_runs. Returns the number of runs written.
+  int64_t append_runs(uint64_t id, int64_t count, int64_t hint, int32_t* runs_out, int64_t capacity);
   int64_t request_num_blocks(uint64_t id) const;
   int64_t request_num_ranges(uint64_t id) const;
   void request_ranges(uint64_t id, int32_t* out, int64_t capacity, int64_t* num_ranges) const;
@@ -105,6 +108,8 @@ class Engine {
   RangeCountStats range_counts_;
   int64_t used_blocks_ = 0;  // blocks with request references
   Counters counters_;
+  std::vector<int32_t> append_scratch_;  // append_runs: the new block ids before they become runs
+  int64_t growth_hint_ = 0;  // during append_runs: blocks the request expects from this append on (0: none)
 };
 
 }  // namespace tagma

@@ -92,6 +92,13 @@ std::optional<int32_t> FreeList::place(Policy policy, int32_t count) const {
   fail(TAGMA_E_INTERNAL, "free list: unknown policy ", static_cast<int32_t>(policy));
 }
 
+std::optional<int32_t> FreeList::place_for_growth(int32_t count, int32_t want) const {
+  if (want < count) want = count;
+  const auto best = by_capacity_.lower_bound({want, std::numeric_limits<int32_t>::min()});
+  if (best == by_capacity_.end()) return std::nullopt;
+  return headroom_start(FreeRange{best->second, by_start_.at(best->second)}, want);
+}
+
 FreeRange FreeList::largest_by_capacity() const {
   if (by_capacity_.empty()) fail(TAGMA_E_INTERNAL, "free list: no free range has aligned capacity");
   return lowest_with_capacity(by_capacity_.rbegin()->first);

@@ -56,6 +56,11 @@ class FreeList {
   // Start of a new aligned range of `count` blocks (a multiple of align) chosen by the policy among free
   // ranges with capacity >= count, or nullopt when none has it.
   std::optional<int32_t> place(Policy policy, int32_t count) const;
+  // Start of a new range of `count` blocks for a request that expects `want` >= count blocks in total from
+  // here: inside the smallest free range with capacity >= want, in the middle of its slack (capacity -
+  // want), so the request can grow in place to `want` and both neighbours keep room. nullopt when no free
+  // range holds `want`.
+  std::optional<int32_t> place_for_growth(int32_t count, int32_t want) const;
   // The lowest-addressed free range of largest capacity; requires total_capacity() > 0.
   FreeRange largest_by_capacity() const;
   int32_t capacity(int32_t start, int32_t count) const;

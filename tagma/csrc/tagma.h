@@ -158,6 +158,19 @@ tagma_status tagma_lru_order(tagma_engine_handle h, int32_t *out, int64_t capaci
  * k in [0, capacity - 1]; requests with >= capacity - 1 ranges count in the last bucket. */
 tagma_status tagma_ranges_histogram(tagma_engine_handle h, int64_t *out, int64_t capacity);
 
+/* ---- range manager: appends reported as runs ----
+ * tagma_request_append (no evictions allowed) with the new blocks reported as maximal runs of consecutive
+ * ids, in logical order: runs_out receives (start, count) int32 pairs, *num_runs their number (<= count).
+ * capacity (pairs) must be >= count so that any placement fits; checked before anything changes. Fails
+ * with TAGMA_E_STATE, changing nothing, when the append would have to evict cache-only blocks (use
+ * tagma_request_append, which reports them). One call per growth of a request, whatever its size.
+ * hint (>= 0; 0 = none): blocks the request expects to append from this call on, this one included. When
+ * the last range cannot grow in place and hint exceeds what remains to place, the new range goes into the
+ * smallest free range that can hold the whole hint (in the middle of its slack) so that later appends grow
+ * in place; when none can, the engine's policy places it as without a hint. */
+tagma_status tagma_request_append_runs(tagma_engine_handle h, uint64_t request, int64_t count, int64_t hint,
+                                       int32_t *runs_out, int64_t capacity, int64_t *num_runs);
+
 /* Slot mapping over buffers (pure). Request r owns ranges [req_range_offsets[r], req_range_offsets[r+1]) of
  * `ranges` (int32 triples (physical_start, num_blocks, first_logical_block), ordered by logical block,
  * contiguous in logical space from 0). Its tokens are [query_start_loc[r], query_start_loc[r+1]) of

@@ -73,6 +73,7 @@ def _summary(text: str | None) -> str:
 def parse_junit(path: Path) -> dict:
     counts = Counter()
     problems = []
+    outcomes: dict[str, str] = {}
     for case in ET.parse(path).getroot().iter("testcase"):
         name = f"{case.get('classname', '')}::{case.get('name', '')}"
         kind = "passed"
@@ -86,7 +87,8 @@ def parse_junit(path: Path) -> dict:
                 )
                 break
         counts[kind] += 1
-    return {"counts": dict(counts), "problems": problems}
+        outcomes[name] = kind
+    return {"counts": dict(counts), "problems": problems, "outcomes": outcomes}
 
 
 def run_per_file(

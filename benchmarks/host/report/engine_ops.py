@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.host.report.axes import COLOR, loglog, plt
-from benchmarks.host.report.table import at, row
+from benchmarks.host.report.table import TARGETS, at, row
 from harness.plots import save_figure
 
 __all__ = ["headline_rows", "plot"]
@@ -26,6 +26,20 @@ def headline_rows(section: dict[str, Any], contexts: list[int]) -> list[dict[str
                 native = e["native"]["median"] if e.get("native") else None
                 note = f"native {native:.0f} ns" if native is not None else ""
                 rows.append(row(label, c, e["paged"]["median"], e["ctypes"]["median"], "ns", note=note))
+    top = max(contexts)
+    e = at(section["rows"], op="grow_in_place_lean", context_tokens=top)
+    if e and e.get("native"):
+        rows.append(
+            row(
+                "binding fixed cost per crossing (lean append of 1 block, ctypes - native)",
+                top,
+                None,
+                e["binding_overhead_ns"],
+                "ns",
+                TARGETS["binding_fixed"],
+                note=f"ctypes {e['ctypes']['median']:.0f} ns, native {e['native']['median']:.0f} ns",
+            )
+        )
     return rows
 
 

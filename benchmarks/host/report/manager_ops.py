@@ -53,6 +53,22 @@ def headline_rows(section: dict[str, Any], contexts: list[int]) -> list[dict[str
                 note=note,
             )
         )
+    for e in section.get("resident_bytes", []):
+        if e["context_tokens"] not in contexts:
+            continue
+        is_target = e["context_tokens"] == top and not e["prefix_caching"]
+        rows.append(
+            row(
+                f"Python bytes per resident request (tracemalloc, caching "
+                f"{'on' if e['prefix_caching'] else 'off'})",
+                e["context_tokens"],
+                e["bytes_per_request"]["paged"],
+                e["bytes_per_request"]["tagma"],
+                "B",
+                TARGETS["resident_bytes"] if is_target else None,
+                note=f"tagma side: {e['manager_class']['tagma']}",
+            )
+        )
     for e in section["prefix_hit"]:
         if e["context_tokens"] in contexts:
             rows.append(

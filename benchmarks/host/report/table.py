@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GUIDE", "TARGETS", "Target", "at", "fmt", "row", "summary_table"]
+__all__ = ["FRAGMENTATION_GOAL", "GUIDE", "TARGETS", "Target", "at", "fmt", "row", "summary_table"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +56,12 @@ TARGETS: dict[str, Target] = {
     "write_fixed": Target("<= 2 us fixed cost per call, <= vLLM's op", 2.0, "max"),
     "write_decode_worker": Target(">= 2x cheaper than vLLM (worker)", 2.0),
     "block_table_bytes": Target(">= 100x fewer bytes per step", 100.0),
+    "resident_bytes": Target(">= 10x fewer Python bytes per resident request than vLLM", 10.0),
+    "binding_fixed": Target("< 1 us binding cost per engine crossing on hot paths", 1000.0, "max"),
+    "fragmentation": Target("pool x0.7 with preemptions: mean <= 4, p99 <= 32 ranges/request, none rejected",
+                            4.0, "max"),
 }
+FRAGMENTATION_GOAL = {"pool_factor": 0.7, "mean": 4.0, "p99": 32.0}
 # The scale vLLM's own code was expected to cost (low, high), against what a run measures.
 GUIDE = {
     "admission_free_caching_off_ms": (2.5, 3.9),

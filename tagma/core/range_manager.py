@@ -1,0 +1,313 @@
+"""The range-native KV cache manager: prefix caching off, per-request state is the engine's ranges.
+
+:class:`RangeKVCacheManager` serves the same scheduler-facing contract as vLLM's ``KVCacheManager`` (it is
+one, so the coordinator, the block pool and every attribute the scheduler or the engine core reads exist),
+but on its hot paths no ``KVCacheBlock`` object is touched and no per-block Python loop runs:
+
+* a request is one engine request (held by the block pool's request map) plus the number of blocks it holds;
+* ``allocate_slots`` computes the blocks a step needs with vLLM's arithmetic; a step that needs none (most
+  decode steps) returns without calling the engine; one that needs some makes one C call, which writes the
+  new block ids into an int32 array;
+* the ``KVCacheBlocks`` it returns is a :class:`RangeBlocks` view over that array: block ids come out in one
+  vectorised ``tolist`` when the scheduler asks for them, ``KVCacheBlock`` objects only if some caller asks
+  for ``.blocks``;
+* ``free`` is one C call (the engine releases the request's ranges and coalesces the free list); the free
+  count is a Python int kept beside it, so admission checks need no engine call.
+
+With prefix caching on, :class:`tagma.core.manager.TagmaKVCacheManager` keeps vLLM's block objects (their
+hashes are the prefix-cache index). ``TagmaKVCacheManager(...)`` returns this class when caching is off,
+unless ``$TAGMA_RANGE_MANAGER`` is ``0``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.request import Request, RequestStatus
+
+from tagma.core.block_pool import RangeRelease
+from tagma.core.manager import TagmaKVCacheManager
+from tagma.engine import I32Array, _raise
+
+__all__ = ["RangeBlocks", "RangeKVCacheManager"]
+
+_WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+_NO_TOKENS = "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
+
+
+def ids_from_runs(runs: list[int], table: list[int]) -> list[int]:
+    """Block ids of flat (start, count, start, count, ...) runs: one list slice of the id table per run."""
+    if len(runs) == 2:
+        start = runs[0]
+        return table[start : start + runs[1]]
+    out: list[int] = []
+    for i in range(0, len(runs), 2):
+        start = runs[i]
+        out += table[start : start + runs[i + 1]]
+    return out
+
+
+class RangeBlocks(KVCacheBlocks):
+    """A ``KVCacheBlocks`` of one KV cache group over runs of consecutive block ids.
+
+    ``runs`` is flat: (start, count, start, count, ...). ``get_block_ids`` builds the id list with one list
+    slice per run of the pool's id table (the ints vLLM's blocks already hold: no int is created);
+    ``blocks`` (the pool's ``KVCacheBlock`` objects) is built only when a caller asks for it.
+    """
+
+    __slots__ = ("_num", "_pool", "_runs", "_table")
+
+    def __init__(self, runs: list[int], num_blocks: int, table: list[int], pool: BlockPool) -> None:
+        self._runs = runs  # no dataclass __init__: ``blocks`` is a property here
+        self._num = num_blocks
+        self._table = table
+        self._pool = pool
+
+    @property
+    def blocks(self) -> tuple[Sequence[Any], ...]:  # type: ignore[override]
+        table = self._pool.blocks
+        return ([table[i] for i in ids_from_runs(self._runs, self._table)],)
+
+    @property
+    def runs(self) -> list[tuple[int, int]]:
+        """The (start, count) runs in logical order."""
+        r = self._runs
+        return [(r[i], r[i + 1]) for i in range(0, len(r), 2)]
+
+    def __len__(self) -> int:
+        return self._num
+
+    def get_block_ids(  # type: ignore[override]
+        self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...] | None:
+        if group_ids is not None:
+            if any(g != 0 for g in group_ids):
+                raise IndexError(f"KV cache group ids {list(group_ids)}: tagma has one group (0)")
+            if allow_none and (not group_ids or not self._num):
+                return None
+            return tuple(ids_from_runs(self._runs, self._table) for _ in group_ids)
+        if allow_none and not self._num:
+            return None
+        return (ids_from_runs(self._runs, self._table),)
+
+    def get_unhashed_block_ids(self) -> list[int]:
+        return ids_from_runs(self._runs, self._table)  # prefix caching is off: no block has a hash
+
+    def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
+        return [ids_from_runs(self._runs, self._table)]
+
+    def new_empty(self) -> KVCacheBlocks:
+        return KVCacheBlocks(((),))
+
+    def __repr__(self) -> str:
+        return f"RangeBlocks(runs={self.runs!r})"
+
+
+class RangeKVCacheManager(TagmaKVCacheManager):
+    """``KVCacheManager`` for prefix caching off whose per-request state is an engine request and a count.
+
+    Built through ``TagmaKVCacheManager(...)`` (same arguments). Keeps vLLM's outcomes: the same blocks
+    needed per step, the same admission decisions (free count, watermark, reserved blocks, full-sequence
+    admission), the same usage; only which physical blocks differ (the engine places them as ranges).
+    """
+
+    def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, *args: Any, **kwargs: Any) -> None:
+        super().__init__(kv_cache_config, max_model_len, *args, **kwargs)
+        if self.enable_caching:
+            raise ValueError("tagma: RangeKVCacheManager serves prefix caching off only")
+        (single,) = self.coordinator.single_type_managers
+        self.block_size: int = single.block_size
+        self._held: dict[str, int] = {}  # request id -> blocks it holds (engine handle: pool._engine_reqs)
+        self._zeroing: bool = bool(single.records_new_block_ids)
+        self._zero_ids: list[Any] = []
+        engine = self.engine
+        pool = self.block_pool
+        # Block id i as the int object vLLM's block i already holds: id lists are slices of this table.
+        self._table: list[int] = [block.block_id for block in pool.blocks]
+        self._h = engine.handle
+        self._f_append_runs = engine._f_append_runs
+        self._f_release = engine._f_release
+        self._f_create = engine._f_req_create
+        self._lib = engine._lib
+        # Out-parameters of append_runs, reused (calls on one engine are serialized).
+        self._runs_buf = (ctypes.c_int32 * (2 * pool.num_gpu_blocks))()
+        self._runs_p = ctypes.addressof(self._runs_buf)
+        self._runs_cap = pool.num_gpu_blocks
+        self._n = ctypes.c_int64(0)
+        self._n_p = ctypes.addressof(self._n)
+        self._u64 = ctypes.c_uint64(0)
+        self._u64_p = ctypes.addressof(self._u64)
+        # The scheduler asks the coordinator, not the manager, how many blocks a request still needs.
+        self.coordinator.get_num_blocks_to_allocate = self._num_blocks_to_allocate  # type: ignore[method-assign]
+
+    # ---- the hot paths
+
+    def get_computed_blocks(
+        self, request: Request, *args: Any, **kwargs: Any
+    ) -> tuple[KVCacheBlocks, int, int]:
+        return self.empty_kv_cache_blocks, 0, 0
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        **kwargs: Any,
+    ) -> KVCacheBlocks | None:
+        if num_new_computed_tokens or num_encoder_tokens:
+            self._refuse_adopt(num_new_computed_tokens, num_encoder_tokens)
+        if num_new_tokens == 0 and not num_external_computed_tokens:
+            raise ValueError(_NO_TOKENS)
+        rid = request.request_id
+        held = self._held.get(rid, 0)
+        max_len = self.max_model_len
+        computed = request.num_computed_tokens + num_external_computed_tokens
+        if computed > max_len:
+            computed = max_len
+        need_tokens = computed + num_new_tokens + num_lookahead_tokens
+        if need_tokens > max_len:
+            need_tokens = max_len
+        bs = self.block_size
+        need = -(-need_tokens // bs) - held
+        if need < 0:
+            need = 0
+        pool = self.block_pool
+        watermark = self.watermark_blocks if has_scheduled_reqs and request.status in _WAITING else 0
+        if full_sequence_must_fit:
+            full = request.num_tokens if request.num_tokens < max_len else max_len
+            full_need = -(-full // bs) - held
+            if (full_need if full_need > 0 else 0) + watermark > pool._num_free:
+                return None
+        if need + watermark > pool._num_free - reserved_blocks:
+            return None
+        if need == 0:
+            return self.empty_kv_cache_blocks  # the decode fast path: no engine call
+        eng = pool._engine_reqs.get(rid)
+        if eng is None:
+            status = self._f_create(self._h, self._u64_p)
+            if status:
+                _raise(self._lib, status)
+            eng = self._u64.value
+            pool._engine_reqs[rid] = eng
+        if num_external_computed_tokens:
+            # Tokens a KV connector computed: vLLM gives them blocks first and does not return those.
+            external = -(-computed // bs) - held
+            if external > 0:
+                runs = self._append(eng, rid, external)
+                if self._zeroing and 0 not in kwargs.get("skip_zeroing_group_ids", ()):
+                    self._zero_ids.append(ids_from_runs(runs, self._table))
+                need -= external
+                if need == 0:
+                    return self.empty_kv_cache_blocks
+        runs = self._append(eng, rid, need)
+        if self._zeroing:
+            self._zero_ids.append(ids_from_runs(runs, self._table))
+        return RangeBlocks(runs, need, self._table, pool)
+
+    def _append(self, eng: int, rid: str, count: int) -> list[int]:
+        """One engine call: ``count`` new blocks for the request; returns them as flat runs."""
+        # No growth hint: measured in benchmarks/host/fragmentation.py ("headroom+hint"), hinting prompt +
+        # output placed worse than headroom alone except at saturation.
+        status = self._f_append_runs(self._h, eng, count, 0, self._runs_p, self._runs_cap, self._n_p)
+        if status:
+            _raise(self._lib, status)
+        self._held[rid] = self._held.get(rid, 0) + count
+        self.block_pool._num_free -= count
+        return self._runs_buf[: 2 * self._n.value]  # a ctypes array: slicing gives a list of ints
+
+    def free(self, request: Request) -> None:
+        rid = request.request_id
+        held = self._held.pop(rid, 0)
+        eng = self.block_pool._engine_reqs.pop(rid, None)
+        if eng is not None:
+            status = self._f_release(self._h, eng)
+            if status:
+                _raise(self._lib, status)
+            self.block_pool._num_free += held
+
+    def pop_blocks_for_free(self, request: Request) -> RangeRelease:  # type: ignore[override]
+        """The request's blocks, held until the scheduler frees them through ``block_pool.free_blocks``."""
+        rid = request.request_id
+        held = self._held.pop(rid, 0)
+        eng = self.block_pool._engine_reqs.pop(rid, None)
+        return RangeRelease(eng, held if eng is not None else 0)
+
+    # ---- block ids of a request
+
+    def _runs(self, request_id: str) -> list[int]:
+        """The request's ranges as flat (start, count, ...) runs; empty when it holds no block."""
+        eng = self.block_pool._engine_reqs.get(request_id)
+        if eng is None:
+            return []
+        return self.engine.ranges_array(eng)[:, :2].ravel().tolist()
+
+    def _ids(self, request_id: str) -> I32Array:
+        return np.asarray(ids_from_runs(self._runs(request_id), self._table), dtype=np.int32)
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        runs = self._runs(request_id)
+        if not runs:
+            return self.empty_kv_cache_blocks
+        return RangeBlocks(runs, self._held[request_id], self._table, self.block_pool)
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        runs = self._runs(request_id)
+        return (ids_from_runs(runs, self._table) if runs else [],)
+
+    def num_blocks_held(self, request_id: str) -> int:
+        """Blocks the request holds (0 when none)."""
+        return self._held.get(request_id, 0)
+
+    def estimate_cached_tokens(self, request: Request) -> int:
+        return 0  # no prefix cache
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        if not self._zeroing:
+            return
+        if start_token % self.block_size:
+            raise ValueError(f"start_token {start_token} is not a multiple of block size {self.block_size}")
+        ids = self.get_block_ids(request_id)[0][start_token // self.block_size :]
+        if ids:
+            self._zero_ids.append(ids)
+
+    def take_new_block_ids(self) -> list[int]:
+        ids = super().take_new_block_ids()
+        if self._zero_ids:
+            for chunk in self._zero_ids:
+                ids.extend(chunk)
+            self._zero_ids = []
+        return ids
+
+    def _num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, new_computed_blocks: Any = (), *args: Any, **kwargs: Any
+    ) -> int:
+        """vLLM's count for one full-attention group: blocks for num_tokens beyond the request's."""
+        hits = sum(len(group) for group in new_computed_blocks) if new_computed_blocks else 0
+        need = -(-num_tokens // self.block_size) - self._held.get(request_id, 0) - hits
+        return need if need > 0 else 0
+
+    @staticmethod
+    def _refuse_adopt(local: int, encoder: int) -> None:
+        if encoder:
+            raise NotImplementedError("tagma: unsupported: encoder tokens (cross-attention)")
+        if local:
+            raise NotImplementedError("tagma: unsupported: prefix-cache hits with prefix caching off")
+
+    # ---- inspection
+
+    def engine_block_ids(self, request_id: str) -> I32Array:
+        return self._ids(request_id)
