@@ -52,8 +52,8 @@ sanitize:
 	cmake --build build/sanitize -j$(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 build/sanitize/tagma_tests
 
-# The main job: paged vs tagma on the tiny model, real 16K ShareGPT prompts, ABBA repeats (~6 min here).
-# Hydra overrides pass through: make bench-cpu ARGS="load.request_rate=0.2 run.repeats=3"
+# The main job: paged vs tagma on the tiny model, real 16K ShareGPT prompts, the paired design (~20 min here).
+# Hydra overrides pass through: make bench-cpu ARGS="workload.num_requests=40 run.repeats=3"
 bench-cpu: setup
 	$(PY) -m harness.main $(ARGS)
 
