@@ -57,7 +57,7 @@ sanitize:
 bench-cpu: setup
 	$(PY) -m harness.main $(ARGS)
 
-# Opt-in 128K on CPU: a handful of requests, hours on this machine; never in CI.
+# Opt-in 128K on CPU (one ~123K-token prefill of the tiny model takes minutes here); never in CI.
 bench-cpu-128k: setup
 	$(PY) -m harness.main server=cpu_128k workload=sharegpt_128k_cpu $(ARGS)
 
