@@ -119,6 +119,15 @@ def _abba(runs: Sequence[dict], backends: Sequence[str], primary: set[str], n_bo
 def _paired(
     runs: Sequence[dict], backends: Sequence[str], primary: set[str], n_boot: int
 ) -> list[Comparison]:
+    rounds = [len(ok_runs(runs, a, backends)) for a in ARMS]  # the server lifetimes the pairs came from
+    rows = [dataclasses.replace(c, runs_baseline=rounds[0], runs_candidate=rounds[1])
+            for c in _paired_rows(runs, backends, primary, n_boot)]  # fmt: skip
+    return rows
+
+
+def _paired_rows(
+    runs: Sequence[dict], backends: Sequence[str], primary: set[str], n_boot: int
+) -> list[Comparison]:
     rows: list[Comparison] = []
     for key in LATENCY_KEYS:
         a, b = paired_values(runs, backends, key)
@@ -220,7 +229,8 @@ def host_time_comparisons(
                     per[k].update(per_request_host(s, run["requests"], name))
             pairs = sorted(set(per[0]) & set(per[1]))
             if pairs:
-                rows.append(compare_pairs(f"{name}_us_per_request", np.asarray([per[0][p] for p in pairs]),
-                                          np.asarray([per[1][p] for p in pairs]), "mean",
-                                          n_boot=n_boot))  # fmt: skip
+                c = compare_pairs(f"{name}_us_per_request", np.asarray([per[0][p] for p in pairs]),
+                                  np.asarray([per[1][p] for p in pairs]), "mean", n_boot=n_boot)  # fmt: skip
+                rows.append(dataclasses.replace(c, runs_baseline=len(steps[ARMS[0]]),
+                                                runs_candidate=len(steps[ARMS[1]])))  # fmt: skip
     return rows
