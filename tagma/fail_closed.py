@@ -56,6 +56,8 @@ _FULL_ATTENTION_LAYER_TYPES = frozenset({"full_attention", "attention", "global_
 
 
 def _layer_types(c: Any) -> str | None:
+    if c.model_config.is_attention_free or c.model_config.is_hybrid:
+        return None  # named more precisely by _attention_free / _hybrid
     layer_types = getattr(c.model_config.hf_text_config, "layer_types", None) or ()
     # "sliding_attention" is named by _sliding_window.
     other = sorted({str(t) for t in layer_types} - _FULL_ATTENTION_LAYER_TYPES - {"sliding_attention"})

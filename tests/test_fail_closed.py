@@ -115,7 +115,7 @@ def test_layer_types_other_than_full_attention(models: Path) -> None:
 def test_layer_types_all_full_attention_are_served(models: Path) -> None:
     model = craft_model(models, "full-layers", layer_types=["full_attention", "full_attention"])
     config = engine_config(model, additional_config=dict(TAGMA))
-    assert config.scheduler_config.scheduler_cls == "tagma.scheduler.TagmaScheduler"
+    assert config.scheduler_config.scheduler_cls == "tagma.core.scheduler.TagmaScheduler"
 
 
 @pytest.mark.parametrize("name", ["num_key_value_heads", "head_dim"])

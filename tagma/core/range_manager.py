@@ -34,6 +34,7 @@ from vllm.v1.request import Request, RequestStatus
 from tagma.core.block_pool import RangeRelease
 from tagma.core.manager import TagmaKVCacheManager
 from tagma.engine import I32Array, _raise
+from tagma.errors import TagmaUnsupported
 
 __all__ = ["RangeBlocks", "RangeKVCacheManager"]
 
@@ -303,9 +304,9 @@ class RangeKVCacheManager(TagmaKVCacheManager):
     @staticmethod
     def _refuse_adopt(local: int, encoder: int) -> None:
         if encoder:
-            raise NotImplementedError("tagma: unsupported: encoder tokens (cross-attention)")
+            raise TagmaUnsupported("encoder tokens (cross-attention)")
         if local:
-            raise NotImplementedError("tagma: unsupported: prefix-cache hits with prefix caching off")
+            raise TagmaUnsupported("prefix-cache hits with prefix caching off")
 
     # ---- inspection
 
