@@ -304,17 +304,22 @@ def summarize(runs: dict[str, Run]) -> dict[str, Any]:
             }
             if run.telemetry:
                 lines = _phase_lines(run, phase)
+                # Both backends write placement lines (runs of consecutive block ids per request); only
+                # tagma's carry the range engine's counters.
                 row |= {
-                    "in_place_growths": lines[-1]["in_place_growths"] - lines[0]["in_place_growths"],
-                    "new_ranges": lines[-1]["new_ranges"] - lines[0]["new_ranges"],
-                    "evictions": lines[-1]["evictions"] - lines[0]["evictions"],
                     "ranges_mean_max": max(ln["ranges_per_request"]["mean"] for ln in lines),
                     "ranges_p99_max": max(ln["ranges_per_request"]["p99"] for ln in lines),
                     "ranges_max": max(ln["ranges_per_request"]["max"] for ln in lines),
                     "live_max": max(ln["live_requests"] for ln in lines),
                     "free_blocks_at_start": lines[0]["free_blocks"],
-                    "cached_only_blocks_at_start": lines[0]["cached_only_blocks"],
                 }
+                if "in_place_growths" in lines[-1]:
+                    row |= {
+                        "in_place_growths": lines[-1]["in_place_growths"] - lines[0]["in_place_growths"],
+                        "new_ranges": lines[-1]["new_ranges"] - lines[0]["new_ranges"],
+                        "evictions": lines[-1]["evictions"] - lines[0]["evictions"],
+                        "cached_only_blocks_at_start": lines[0]["cached_only_blocks"],
+                    }
             rows[phase], prev = row, now
         out[backend] = {"seconds": round(run.seconds, 1), "phases": rows, "drained": run.drained}
     return out
