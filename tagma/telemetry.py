@@ -112,7 +112,11 @@ class Telemetry:
         """One telemetry record of the manager's state now."""
         manager = self.manager
         pool = manager.block_pool
-        counts = self._runs.update(manager.coordinator.single_type_managers[0].req_to_blocks)
+        counter = getattr(manager, "ranges_per_request_counts", None)  # a manager without block lists
+        if counter is not None:
+            counts = counter()
+        else:
+            counts = self._runs.update(manager.coordinator.single_type_managers[0].req_to_blocks)
         ranges = runs_summary(counts)
         self.peak_ranges_per_request = max(self.peak_ranges_per_request, ranges["max"])
         self.peak_live_requests = max(self.peak_live_requests, len(counts))

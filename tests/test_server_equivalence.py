@@ -384,7 +384,8 @@ def test_tagma_telemetry_shows_the_ranges_it_used(runs: dict[str, Run]) -> None:
     assert {ln["num_blocks"] for ln in tel} == {NUM_BLOCKS}
     assert max(ln["ranges_per_request"]["max"] for ln in tel) >= 1
     assert max(ln["live_requests"] for ln in tel) >= BURST // 2  # the burst really ran concurrently
-    assert not runs["paged"].telemetry  # the paged server has no tagma manager
+    paged = runs["paged"].telemetry  # the same placement lines, measured the same way, without the engine's
+    assert paged and {ln["policy"] for ln in paged} == {"paged"} and "in_place_growths" not in paged[-1]
 
 
 def test_the_warm_phase_starts_on_a_pool_full_of_cached_blocks(runs: dict[str, Run]) -> None:
@@ -435,6 +436,8 @@ def test_nothing_leaks_after_the_queue_drains(runs: dict[str, Run]) -> None:
     for line in runs["tagma"].drained:
         assert line["live_requests"] == 0
         assert line["used_blocks"] == 0
-        assert line["free_blocks"] + line["cached_only_blocks"] == line["num_blocks"] - 1  # block 0 is null
+        # vLLM's free count includes evictable cached blocks: every block but the null block 0 is free
+        assert line["free_blocks"] == line["num_blocks"] - 1
+        assert line["cached_only_blocks"] <= line["free_blocks"]
     for backend, run in runs.items():
         assert run.kv_usage_drained == 0.0, backend

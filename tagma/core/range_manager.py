@@ -269,6 +269,19 @@ class RangeKVCacheManager(TagmaKVCacheManager):
         runs = self._runs(request_id)
         return (ids_from_runs(runs, self._table) if runs else [],)
 
+    def ranges_per_request_counts(self) -> list[int]:
+        """Per live request, the runs of consecutive block ids it holds, from the engine's ranges (this
+        manager keeps no per-block lists for the telemetry to walk); abutting ranges are one run, as they
+        would be in a block list."""
+        counts = []
+        for rid, held in self._held.items():
+            eng = self.block_pool._engine_reqs.get(rid) if held else None
+            if eng is None:
+                continue
+            r = self.engine.ranges_array(eng)
+            counts.append(1 + int(np.count_nonzero(r[1:, 0] != r[:-1, 0] + r[:-1, 1])) if len(r) else 0)
+        return [c for c in counts if c]
+
     def num_blocks_held(self, request_id: str) -> int:
         """Blocks the request holds (0 when none)."""
         return self._held.get(request_id, 0)
