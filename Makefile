@@ -12,7 +12,7 @@ CSRC := $(wildcard tagma/csrc/*.h tagma/csrc/*.cpp tagma/csrc/*.map tagma/csrc/C
 JOBS ?= 2
 
 .PHONY: setup engine tiny-model test test-fast test-cpp sanitize lint clean bench-cpu bench-cpu-128k bench-gpu \
-	bench-host bench-gpu-kernels plots sweep sweep-report
+	bench-host bench-inserver bench-gpu-kernels plots sweep sweep-report
 
 setup: $(SETUP_STAMP) $(ENGINE_LIB)
 
@@ -60,6 +60,12 @@ bench-cpu: setup
 # Opt-in 128K on CPU (one ~123K-token prefill of the tiny model takes minutes here); never in CI.
 bench-cpu-128k: setup
 	$(PY) -m harness.main server=cpu_128k workload=sharegpt_128k_cpu $(ARGS)
+
+# In-server KV cache manager CPU per scheduler step, paged vs tagma: 64 concurrent 16K requests on the tiny
+# model, prefix caching off on both arms, ABBA with 2 server lifetimes per arm (~30 min here). The report's
+# "KV cache manager per step" section and bench-host's in-server row read the newest such run.
+bench-inserver: setup tiny-model
+	$(PY) -m harness.main --config-name inserver_64x16k $(ARGS)
 
 # Host-side cost of paged vs tagma against vLLM's own code (~1.5 min here); ARGS="size=smoke" for seconds.
 bench-host: setup
