@@ -265,6 +265,12 @@ def write_report(root: Path, n_boot: int | None = None) -> Path:
     runs = load_runs(root)
     ab = comparisons(runs, meta["config"], n_boot)
     host_rows, host_lines = host_time_section(runs, meta)
+    inserver = None
+    if "inserver" in meta["config"]:  # configs/inserver_64x16k.yaml: the KV manager per-step headline
+        from harness.inserver import kv_manager_per_step, markdown
+
+        inserver = kv_manager_per_step(runs, meta["config"])
+        host_lines = host_lines + markdown(inserver)
     figures = make_figures(root, runs, ab, meta)
     summary = {
         "kind": "A/A" if meta["backends"][0] == meta["backends"][1] else "A/B",
@@ -273,6 +279,7 @@ def write_report(root: Path, n_boot: int | None = None) -> Path:
         "resolution": {c.metric: c.half_width for c in ab if c.primary},
         "ab": [c.to_dict() for c in ab],
         "host_time": [c.to_dict() for c in host_rows],
+        **({"inserver": inserver.to_dict()} if inserver is not None else {}),
         "runs": [{k: (v.name if k == "dir" else v) for k, v in r.items() if k not in _BULKY[:3]}
                  for r in runs],
         "telemetry": {r["dir"].name: telemetry_summary(r) for r in runs if r["status"] == "ok"},

@@ -3,7 +3,8 @@
 vLLM's own classes and ops on one side, tagma's on the other, in one process, interleaved. Sections:
 engine_ops (native tagma_bench + ctypes), manager (KVCacheManager vs TagmaKVCacheManager), write_path
 (vLLM's CPU slot-mapping op vs range arithmetic, memcpy floor), block_table_traffic (bytes per step),
-fragmentation (per placement policy), profile (cProfile of the manager operations). Sizes and repeats come
+fragmentation (per placement policy), profile (cProfile of the manager operations), inserver
+(KV cache manager CPU per step read from the newest ``make bench-inserver`` serve run). Sizes and repeats come
 from ``configs/host_bench.yaml`` and its ``size`` group (``size=smoke`` for a tiny run).
 
 Writes ``<out_dir>/host_bench.json`` (machine, versions, commit, load average; every measurement's median,
@@ -29,7 +30,9 @@ from harness.files import point_latest, write_json, write_text_atomic
 
 log = logging.getLogger("benchmarks.host")
 
-SECTIONS = ("engine_ops", "manager", "write_path", "block_table_traffic", "fragmentation", "profile")
+SECTIONS = (
+    "engine_ops", "manager", "write_path", "block_table_traffic", "fragmentation", "profile", "inserver",
+)  # fmt: skip
 
 
 def _native(cfg: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
@@ -66,6 +69,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         block_table_traffic,
         engine_ops,
         fragmentation,
+        inserver,
         manager_ops,
         profiles,
         report,
@@ -122,6 +126,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "block_table_traffic": lambda: block_table_traffic.run(cfg),
         "fragmentation": lambda: fragmentation.run(cfg),
         "profile": lambda: profiles.run(cfg),
+        "inserver": lambda: inserver.run(cfg),  # read from a serve run (make bench-inserver), not timed
     }
     for name in wanted:
         log.info("section %s ...", name)

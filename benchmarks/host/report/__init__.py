@@ -11,7 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks.host.report import block_table_traffic, engine_ops, fragmentation, manager_ops, write_path
+from benchmarks.host.report import (
+    block_table_traffic,
+    engine_ops,
+    fragmentation,
+    inserver,
+    manager_ops,
+    write_path,
+)
 from benchmarks.host.report.table import GUIDE, TARGETS, at, summary_table
 
 __all__ = [
@@ -20,12 +27,13 @@ __all__ = [
 ]  # fmt: skip
 
 # Section name in host_bench.json -> (its report module, its figure's file name); the order of the headline.
-SECTIONS: dict[str, tuple[Any, str]] = {
+SECTIONS: dict[str, tuple[Any, str | None]] = {
     "manager": (manager_ops, "manager.png"),
     "write_path": (write_path, "write_path.png"),
     "engine_ops": (engine_ops, "engine_ops.png"),
     "block_table_traffic": (block_table_traffic, "block_table_traffic.png"),
     "fragmentation": (fragmentation, "fragmentation.png"),
+    "inserver": (inserver, None),  # no figure: the serve run's report has its own
 }
 FIGURE_ORDER = ("engine_ops", "manager", "write_path", "block_table_traffic", "fragmentation")
 
