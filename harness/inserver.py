@@ -3,9 +3,19 @@
 The statistic behind the in-server headline: from each server run's host-time records
 (:mod:`harness.host_time`), the steps that are **decode-only** (every scheduled request gets one token:
 ``num_tokens == num_reqs``, so no prefill shares the step) with at least ``min_running`` requests scheduled,
-after the run's warm-up. Per step the value is ``kv_manager_total_ns_net``: every KV cache manager call the
-scheduler made for that step (inside ``schedule()``, inside ``update_from_output()`` and between steps), with
-the clock's own cost taken out. Per run: the mean over those steps.
+after the run's warm-up, **leaving out the steps that wrote a placement-telemetry line**. Per step the value
+is ``kv_manager_total_ns_net``: every KV cache manager call the scheduler made for that step (inside
+``schedule()``, inside ``update_from_output()`` and between steps), with the clock's own cost taken out.
+Per run: the mean over those steps.
+
+Why telemetry steps are left out: the runner has every server append its placement state to
+``TAGMA_TELEMETRY_FILE`` once per telemetry interval, from inside the manager's ``new_step_starts`` (so it is
+timed as KV cache manager time). That snapshot is the harness's instrumentation, not serving work, and it
+is different code on the two arms (paged's counts runs of block ids over every request's block list);
+measured here it costs ~0.5-1 ms, more than a whole decode step of either manager. A step wrote a line when
+the line's time ``t`` falls in it: the first step whose record (``end_ns``, made at the end of
+``update_from_output``) is at or after ``t``. The steps are chosen by the clock, not by their cost; their
+count and their mean are reported next to the headline.
 
 The ratio is tagma / paged (candidate / baseline, as everywhere in the harness); the speedup is its inverse.
 Intervals (95%):
@@ -24,6 +34,7 @@ Reads files only (the run directory's config.json and runs/*), so it can be reco
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -36,11 +47,12 @@ import numpy as np
 from harness.compare import ARMS, arm_of, load_runs, ok_runs
 from harness.files import read_json
 from harness.statistics import compare_by_run, t_quantile
+from tagma.contract import PLACEMENT_TELEMETRY_FILE
 
 __all__ = [
     "COMPONENT", "MIN_BATCH_STEPS", "WORKLOAD_NAME", "ArmSteps", "InServerResult", "RunningBin",
     "arm_steps", "batch_means_interval", "find_run", "from_run_dir", "kv_manager_per_step", "markdown",
-    "prefix_caching", "run_steps",
+    "prefix_caching", "run_steps", "telemetry_steps", "telemetry_times_ns",
 ]  # fmt: skip
 
 COMPONENT = "kv_manager_total_ns_net"
@@ -60,6 +72,7 @@ class RunSteps:
     num_reqs: np.ndarray
     num_tokens: np.ndarray
     kv_calls: np.ndarray  # timed KV cache manager calls behind the step's value
+    telemetry: np.ndarray  # the step wrote a placement-telemetry line (left out of the headline)
 
     @property
     def decode_only(self) -> np.ndarray:
@@ -87,6 +100,7 @@ class ArmSteps:
     per_run: list[np.ndarray] = field(default_factory=list)  # selected steps' KV us, one array per run
     per_run_reqs: list[np.ndarray] = field(default_factory=list)
     per_run_calls: list[np.ndarray] = field(default_factory=list)
+    telemetry_us: list[np.ndarray] = field(default_factory=list)  # the same selection's telemetry steps
     all_busy_us: list[np.ndarray] = field(default_factory=list)  # every busy step (descriptive)
     bins: list[RunningBin] = field(default_factory=list)
     prefill_steps: int = 0
@@ -103,6 +117,7 @@ class ArmSteps:
         x, reqs = self.pooled(self.per_run), self.pooled(self.per_run_reqs)
         calls = self.pooled(self.per_run_calls)
         busy = self.pooled(self.all_busy_us)
+        tel = self.pooled(self.telemetry_us)
         return {
             "backend": self.backend,
             "runs": list(self.runs),
@@ -115,6 +130,8 @@ class ArmSteps:
             "min_running": int(reqs.min()) if reqs.size else None,
             "kv_calls_per_step": float(calls.mean()) if calls.size else None,
             "us_per_running_request": float(x.sum() / reqs.sum()) if reqs.size and reqs.sum() else None,
+            "telemetry_steps_left_out": int(tel.size),
+            "telemetry_steps_mean_us": float(tel.mean()) if tel.size else None,
             "all_busy_steps": int(busy.size),
             "all_busy_mean_us": float(busy.mean()) if busy.size else None,
             "prefill_steps": self.prefill_steps,
@@ -160,7 +177,7 @@ class InServerResult:
         return {
             "component": COMPONENT,
             "selection": f"decode-only steps (num_tokens == num_reqs) with >= {self.min_running} requests "
-            "scheduled, after warm-up",
+            "scheduled, after warm-up, without the steps that wrote a placement-telemetry line",
             "min_running": self.min_running,
             "backends": list(self.backends),
             "baseline_us_per_step": self.baseline_us,
@@ -194,6 +211,30 @@ def prefix_caching(run_dir: Path) -> bool | None:
     return None
 
 
+def telemetry_times_ns(run_dir: Path) -> np.ndarray:
+    """When the server wrote its placement-telemetry lines (``t``, as ``time.time_ns()``), sorted."""
+    path = run_dir / PLACEMENT_TELEMETRY_FILE
+    if not path.exists():
+        return np.empty(0, dtype=np.int64)
+    times = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                times.append(int(float(json.loads(line)["t"]) * 1e9))
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by the server's exit
+    return np.sort(np.asarray(times, dtype=np.int64))
+
+
+def telemetry_steps(end_ns: np.ndarray, times_ns: np.ndarray) -> np.ndarray:
+    """Which steps (records made at ``end_ns``, in order) wrote a line at one of ``times_ns``: for each
+    line, the first step whose record is at or after it."""
+    mark = np.zeros(len(end_ns), dtype=bool)
+    idx = np.searchsorted(end_ns, times_ns, side="left")
+    mark[idx[idx < len(end_ns)]] = True
+    return mark
+
+
 def run_steps(run: Mapping[str, Any]) -> RunSteps | None:
     """A run's busy steps after its replay started (None: the run has no host-time records)."""
     from harness.host_time import load_run
@@ -203,10 +244,11 @@ def run_steps(run: Mapping[str, Any]) -> RunSteps | None:
     except (FileNotFoundError, ValueError):
         return None
     s = host.steps
+    tel = telemetry_steps(s["end_ns"], telemetry_times_ns(Path(run["dir"])))
     keep = (s["num_tokens"] > 0) & (s["end_ns"] >= int(run.get("replay_start_ns") or 0))
     calls = s["kv_calls"] + s["update_kv_calls"] + s["outside_kv_calls"]
     return RunSteps(kv_us=s[COMPONENT][keep] / 1000.0, num_reqs=s["num_reqs"][keep],
-                    num_tokens=s["num_tokens"][keep], kv_calls=calls[keep])  # fmt: skip
+                    num_tokens=s["num_tokens"][keep], kv_calls=calls[keep], telemetry=tel[keep])  # fmt: skip
 
 
 def _mean(x: np.ndarray) -> float | None:
@@ -219,14 +261,16 @@ def arm_steps(backend: str, runs: Sequence[tuple[str, RunSteps]], min_running: i
     decode_all: list[RunSteps] = []
     prefill: list[np.ndarray] = []
     for name, r in runs:
-        sel = r.decode_only & (r.num_reqs >= min_running)
+        full = r.decode_only & (r.num_reqs >= min_running)
+        sel = full & ~r.telemetry
         arm.runs.append(name)
         arm.per_run.append(r.kv_us[sel])
         arm.per_run_reqs.append(r.num_reqs[sel])
         arm.per_run_calls.append(r.kv_calls[sel])
-        arm.all_busy_us.append(r.kv_us)
+        arm.telemetry_us.append(r.kv_us[full & r.telemetry])
+        arm.all_busy_us.append(r.kv_us[~r.telemetry])
         decode_all.append(r)
-        prefill.append(r.kv_us[~r.decode_only])
+        prefill.append(r.kv_us[~r.decode_only & ~r.telemetry])
     pre = arm.pooled(prefill)
     arm.prefill_steps, arm.prefill_mean_us = int(pre.size), _mean(pre)
     edges = [*RUNNING_BINS, None]
@@ -234,7 +278,9 @@ def arm_steps(backend: str, runs: Sequence[tuple[str, RunSteps]], min_running: i
         high = None if nxt is None else nxt - 1
         xs, reqs, calls = [], [], []
         for r in decode_all:
-            m = r.decode_only & (r.num_reqs >= low) & ((r.num_reqs <= high) if high is not None else True)
+            m = r.decode_only & ~r.telemetry & (r.num_reqs >= low)
+            if high is not None:
+                m &= r.num_reqs <= high
             xs.append(r.kv_us[m])
             reqs.append(r.num_reqs[m])
             calls.append(r.kv_calls[m])
@@ -388,7 +434,10 @@ def markdown(res: InServerResult) -> list[str]:
         "",
         "Every KV cache manager call of a step (schedule(), update_from_output(), between steps), thread CPU "
         f"time with the clock's cost subtracted, on decode-only steps (num_tokens == num_reqs) with >= "
-        f"{res.min_running} requests scheduled, after warm-up. Prefix caching per run (from each server's "
+        f"{res.min_running} requests scheduled, after warm-up, leaving out the steps that wrote a "
+        "placement-telemetry line (the harness's snapshot runs inside the manager's new_step_starts; "
+        "every table below leaves them out too, their count and mean are in the last column). Prefix "
+        "caching per run (from each server's "
         f"log): {', '.join(caching) or 'unknown'}"
         + (" (off on both arms)." if res.caching_off_everywhere else " (**not off everywhere**)."),
         "",
@@ -397,7 +446,7 @@ def markdown(res: InServerResult) -> list[str]:
         + (f"[{_f(res.ci_low)}, {_f(res.ci_high)}]" if res.ci_low is not None else "(no interval)")
         + f"; {b.backend}/{c.backend} {_f(res.speedup)} "
         + (f"[{_f(lo)}, {_f(hi)}]" if lo is not None else "")
-        + f" (95%, {res.interval}: {res.method})",
+        + f" (95%, {res.method or 'no interval'})",
     ]
     if res.reason:
         lines.append(f"- {res.reason}")
@@ -406,8 +455,9 @@ def markdown(res: InServerResult) -> list[str]:
         lines.append(f"- per-step interval for comparison: ratio {_f(ps['ratio'])} [{_f(ps['ci_low'])}, "
                      f"{_f(ps['ci_high'])}] ({ps['batches'][0]}/{ps['batches'][1]} batches)")  # fmt: skip
     lines += ["", "| arm | runs | steps counted | mean running | KV calls/step | us/step (per run) | "
-              "us per running request | all busy steps: n, us/step | steps with prefill: n, us/step |",
-              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "us per running request | all busy steps: n, us/step | steps with prefill: n, us/step | "
+              "left out (telemetry): n, us/step |",
+              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for arm in (b, c):
         s = arm.summary()
         per_run = ", ".join(_f(v) for v in s["per_run_mean_us"])
@@ -415,7 +465,8 @@ def markdown(res: InServerResult) -> list[str]:
             f"| {arm.backend} | {len(arm.runs)} | {s['steps']} | {_f(s['mean_running'])} | "
             f"{_f(s['kv_calls_per_step'])} | {per_run} | {_f(s['us_per_running_request'])} | "
             f"{s['all_busy_steps']}, {_f(s['all_busy_mean_us'])} | {s['prefill_steps']}, "
-            f"{_f(s['prefill_mean_us'])} |"
+            f"{_f(s['prefill_mean_us'])} | {s['telemetry_steps_left_out']}, "
+            f"{_f(s['telemetry_steps_mean_us'])} |"
         )
     lines += ["", "Decode-only steps by requests scheduled (descriptive):", "",
               "| requests | " + " | ".join(f"{a.backend}: steps, us/step, us/request" for a in (b, c)) + " |",

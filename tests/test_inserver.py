@@ -20,6 +20,7 @@ from benchmarks.host.report.table import TARGETS
 from harness import inserver
 from harness.compare import load_runs
 from harness.config import from_mapping
+from tagma.contract import PLACEMENT_TELEMETRY_FILE
 from tagma.host_time import COLUMNS, HostTimeChunk
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,17 +28,24 @@ OVERHEAD_NS = 500  # the clock-read cost the synthetic chunks declare
 REPLAY_NS = 10_000  # replay_start_ns of every synthetic run
 
 
-def _rows(kv_us: float, rng: np.random.Generator, decode_steps: int, running: int = 64) -> list[tuple]:
-    """A run's scheduler rows: warm-up steps (before the replay), prefill steps, decode-only steps with
-    ``running`` requests, then decode-only steps with fewer running and idle steps. Only the decode-only
-    steps with ``running`` requests cost ``kv_us``; every other step costs 100x more, so a wrong
-    selection shows in the mean."""
+def _rows(kv_us: float, rng: np.random.Generator, decode_steps: int, running: int = 64,
+          telemetry_every: int = 0) -> tuple[list[tuple], list[float]]:  # fmt: skip
+    """A run's scheduler rows and its placement-telemetry times: warm-up steps (before the replay), prefill
+    steps, decode-only steps with ``running`` requests, then decode-only steps with fewer running and an
+    idle step. Only the decode-only steps with ``running`` requests cost ``kv_us``; every other step costs
+    100x more, so a wrong selection shows in the mean. Every ``telemetry_every``-th of those decode steps
+    writes a telemetry line and costs 1000 us more (a step's record is made 1 ms after the previous one's)."""
     rows: list[tuple] = []
+    telemetry: list[float] = []
     step = 0
 
-    def add(reqs: int, tokens: int, us: float, end_ns: int) -> None:
+    def add(reqs: int, tokens: int, us: float, after_replay: bool = True, tel: bool = False) -> None:
         nonlocal step
         calls = max(reqs, 1)
+        end_ns = REPLAY_NS + (step + 1) * 1_000_000 if after_replay else REPLAY_NS - 1
+        if tel:
+            us += 1000.0
+            telemetry.append((end_ns - 500_000) / 1e9)  # written while the step ran
         total = int(us * 1000) + OVERHEAD_NS * calls  # what the wrappers measured, clock reads included
         # step, kv, update_kv, outside_kv, schedule_other, update_other, kv_calls, update_kv_calls,
         # outside_kv_calls, num_reqs, num_tokens, new_block_ids, end_ns
@@ -45,25 +53,29 @@ def _rows(kv_us: float, rng: np.random.Generator, decode_steps: int, running: in
         step += 1
 
     for _ in range(5):  # warm-up
-        add(1, 1, 100 * kv_us, REPLAY_NS - 1)
+        add(1, 1, 100 * kv_us, after_replay=False)
     for i in range(1, running + 1):  # one prompt per step next to the running decodes
-        add(i, 16000 + i - 1, 100 * kv_us, REPLAY_NS + step)
-    for _ in range(decode_steps):
-        add(running, running, kv_us * math.exp(rng.normal(0, 0.05)), REPLAY_NS + step)
+        add(i, 16000 + i - 1, 100 * kv_us)
+    for k in range(decode_steps):
+        add(running, running, kv_us * math.exp(rng.normal(0, 0.05)),
+            tel=bool(telemetry_every) and k % telemetry_every == 0)  # fmt: skip
     for i in range(running - 1, 0, -1):  # requests finishing
-        add(i, i, 100 * kv_us, REPLAY_NS + step)
-    add(0, 0, 100 * kv_us, REPLAY_NS + step)  # idle
-    return rows
+        add(i, i, 100 * kv_us)
+    add(0, 0, 100 * kv_us)  # idle
+    return rows, telemetry
 
 
 def _write_run(root: Path, index: int, arm: str, backend: str, kv_us: float, rng: np.random.Generator,
-               decode_steps: int = 60, caching: bool = False) -> None:  # fmt: skip
+               decode_steps: int = 60, caching: bool = False, telemetry_every: int = 0) -> None:  # fmt: skip
     d = root / "runs" / f"{index:02d}-{arm}-{backend}"
     d.mkdir(parents=True)
+    rows, telemetry = _rows(kv_us, rng, decode_steps, telemetry_every=telemetry_every)
     chunk = HostTimeChunk(role="scheduler", pid=100 + index, backend=backend, t=0.0,
-                          timer_overhead_ns=OVERHEAD_NS, columns=COLUMNS["scheduler"],
-                          rows=_rows(kv_us, rng, decode_steps))  # fmt: skip
+                          timer_overhead_ns=OVERHEAD_NS, columns=COLUMNS["scheduler"], rows=rows)  # fmt: skip
     (d / f"host_time.scheduler.{100 + index}.jsonl").write_text(chunk.to_json() + "\n")
+    if telemetry:
+        lines = [json.dumps({"t": t, "live_requests": 64}) for t in telemetry]
+        (d / PLACEMENT_TELEMETRY_FILE).write_text("\n".join(lines) + "\n" + '{"t": 1')  # last line cut
     (d / "server.log").write_text(f"INFO engine config: model='m', enable_prefix_caching={caching}, x=1\n")
     (d / "summary.json").write_text("{}")
     (d / "requests.jsonl").write_text("")
@@ -72,7 +84,8 @@ def _write_run(root: Path, index: int, arm: str, backend: str, kv_us: float, rng
 
 
 def _make_run_dir(root: Path, paged_us: float, tagma_us: float, runs_per_arm: int, seed: int = 0,
-                  caching: bool = False, workload: str = inserver.WORKLOAD_NAME) -> Path:  # fmt: skip
+                  caching: bool = False, workload: str = inserver.WORKLOAD_NAME,
+                  telemetry_every: int = 0) -> Path:  # fmt: skip
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True)
     config = {"backends": ["paged", "tagma"], "workload": {"name": workload},
@@ -86,7 +99,7 @@ def _make_run_dir(root: Path, paged_us: float, tagma_us: float, runs_per_arm: in
         # each run its own level (run-to-run noise), as on a shared machine
         level = math.exp(rng.normal(0, 0.05))
         _write_run(root, index, arm, backend, (paged_us if backend == "paged" else tagma_us) * level, rng,
-                   caching=caching)  # fmt: skip
+                   caching=caching, telemetry_every=telemetry_every)  # fmt: skip
     return root
 
 
@@ -109,6 +122,18 @@ def test_selection_and_across_run_interval(tmp_path: Path) -> None:
     assert (top.low, top.high, top.steps) == (64, None, 120)
     assert sum(x.steps for x in b.bins[:-1]) == 2 * 63
     assert s["prefill_steps"] == 2 * 64
+
+
+def test_steps_that_wrote_telemetry_are_left_out(tmp_path: Path) -> None:
+    root = _make_run_dir(tmp_path / "r", paged_us=300.0, tagma_us=30.0, runs_per_arm=2, telemetry_every=3)
+    res = inserver.from_run_dir(root)
+    b = res.arms["baseline"].summary()
+    assert b["steps"] == 2 * 40 and b["telemetry_steps_left_out"] == 2 * 20
+    assert b["telemetry_steps_mean_us"] > 1000
+    assert 270 < res.baseline_us < 330 and 27 < res.candidate_us < 33
+    assert res.speedup == pytest.approx(10.0, rel=0.15)
+    end = np.asarray([10, 20, 30, 40])
+    assert inserver.telemetry_steps(end, np.asarray([5, 20, 21, 99])).tolist() == [True, True, True, False]
 
 
 def test_single_run_per_arm_gives_a_per_step_interval_and_says_so(tmp_path: Path) -> None:
