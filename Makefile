@@ -62,7 +62,8 @@ bench-cpu-128k: setup
 	$(PY) -m harness.main server=cpu_128k workload=sharegpt_128k_cpu $(ARGS)
 
 # In-server KV cache manager CPU per scheduler step, paged vs tagma: 64 concurrent 16K requests on the tiny
-# model, prefix caching off on both arms, ABBA with 2 server lifetimes per arm (~30 min here). The report's
+# model, prefix caching off on both arms, ABBA with 2 server lifetimes per arm (40 min here under load:
+# each server ~2-3 min to start, ~7 min for 64 prefills and 128 decode steps). The report's
 # "KV cache manager per step" section and bench-host's in-server row read the newest such run.
 bench-inserver: setup tiny-model
 	$(PY) -m harness.main --config-name inserver_64x16k $(ARGS)
