@@ -36,6 +36,13 @@ Engine::Engine(const Geometry& geometry, Policy policy)
 
 void Engine::set_policy(int32_t policy) { policy_ = parse_policy(policy); }
 
+void Engine::set_admission(int32_t percent, int32_t pieces) {
+  if (percent < 0 || percent > 100) fail(TAGMA_E_INVALID_ARG, "admission percent ", percent, " is outside [0, 100]");
+  if (pieces < 1) fail(TAGMA_E_INVALID_ARG, "admission pieces ", pieces, " must be >= 1");
+  admission_percent_ = percent;
+  admission_pieces_ = pieces;
+}
+
 tagma_stats Engine::stats() const {
   tagma_stats s{};
   s.num_blocks = geometry_.num_blocks;
