@@ -47,7 +47,8 @@ __all__ = [
 ]
 
 DEFAULT_TRACE_PATH = Path(__file__).parent / "gpu" / "fragmentation_trace.json"
-POLICIES = ("headroom", "best_fit", "first_fit")
+# the manager's default (headroom), the range manager under TAGMA_PLACEMENT=reserve, and the two classics
+POLICIES = ("headroom", "reserve+hint+admit100x4", "best_fit", "first_fit")
 SEED_DESIGN_RANGE_CAP = 256
 
 
