@@ -135,7 +135,7 @@ def plot(section: dict[str, Any], path: Path) -> Path:
             color="#ff7f0e",
         )
         ax.set_yscale("log")
-        ax.set_xticks(list(xs), labels, fontsize=8)
+        ax.set_xticks(list(xs), labels, fontsize=7, rotation=30, ha="right")
         ax.set_ylabel("ranges per request at completion")
         for x, d in zip(xs, data, strict=True):
             share = d.get("decode_in_place_share")
