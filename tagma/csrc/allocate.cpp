@@ -184,6 +184,7 @@ bool Engine::admissible(uint64_t id, const Request& request, int64_t count) cons
 }
 
 void Engine::update_frontier(uint64_t id, const Request& request, int32_t old_end) {
+  if (policy_ != Policy::kReserve) return;  // kept only where RESERVE reads it; rebuilt by set_policy
   const int32_t new_end = request.ranges().empty() ? -1 : request.ranges().back().end();
   if (new_end == old_end) return;
   if (old_end >= 0) {

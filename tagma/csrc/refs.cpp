@@ -72,7 +72,7 @@ void Engine::release_request(uint64_t id) {
   }
   freed.flush();
   range_counts_.remove(request.num_ranges());
-  if (!ranges.empty()) {
+  if (policy_ == Policy::kReserve && !ranges.empty()) {
     const auto frontier = frontiers_.find(ranges.back().end());
     if (frontier != frontiers_.end() && frontier->second == id) frontiers_.erase(frontier);
   }

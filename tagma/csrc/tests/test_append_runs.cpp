@@ -184,3 +184,19 @@ TEST(reserve_admission_in_pieces_and_on_an_empty_pool) {
   check_error(tagma_engine_set_admission(engine.handle(), 50, 0), TAGMA_E_INVALID_ARG, "tagma_engine_set_admission");
   engine.check_invariants();
 }
+
+TEST(reserve_after_a_policy_switch_sees_the_requests_already_live) {
+  TestEngine engine(64, 1, TAGMA_POLICY_FIRST_FIT);
+  const uint64_t r1 = engine.new_request();
+  CHECK_EQ(append_runs(engine, r1, 4, 20), (Pairs{{1, 4}}));  // the hint is remembered under any policy
+  engine.set_policy(TAGMA_POLICY_RESERVE);
+  const uint64_t r2 = engine.new_request();
+  CHECK_EQ(append_runs(engine, r2, 3, 10), (Pairs{{21, 3}}));
+  engine.set_policy(TAGMA_POLICY_FIRST_FIT);
+  CHECK_EQ(append_runs(engine, r1, 2), (Pairs{{5, 2}}));
+  engine.set_policy(TAGMA_POLICY_RESERVE);  // r1's last range now ends at 7, 14 blocks still expected
+  const uint64_t r3 = engine.new_request();
+  engine.release(r2);  // free: {7:57}
+  CHECK_EQ(append_runs(engine, r3, 2, 2), (Pairs{{21, 2}}));
+  engine.check_invariants();
+}
