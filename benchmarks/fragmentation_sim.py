@@ -47,7 +47,8 @@ __all__ = [
 ]
 
 DEFAULT_TRACE_PATH = Path(__file__).parent / "gpu" / "fragmentation_trace.json"
-POLICIES = ("headroom", "best_fit", "first_fit")
+# the manager's default (headroom), the range manager under TAGMA_PLACEMENT=reserve, and the two classics
+POLICIES = ("headroom", "reserve+hint+admit100x4", "best_fit", "first_fit")
 SEED_DESIGN_RANGE_CAP = 256
 
 
@@ -59,6 +60,7 @@ class Job:
     index: int
     prompt_blocks: int
     output_blocks: int
+    max_output_blocks: int = 0  # the trace's largest output (a max_tokens cap); 0: the output itself
 
 
 def fixed_context_jobs(
@@ -71,7 +73,8 @@ def fixed_context_jobs(
     for i in range(num_jobs):
         prompt = int(rng.uniform(float(prompt_min_frac), 1.0) * context)
         output = int(rng.integers(int(output_min), int(output_max) + 1))
-        jobs.append(Job(i, max(1, -(-prompt // block_size)), max(1, -(-output // block_size))))
+        cap = -(-int(output_max) // block_size)
+        jobs.append(Job(i, max(1, -(-prompt // block_size)), max(1, -(-output // block_size)), cap))
     return jobs
 
 
@@ -83,8 +86,9 @@ def log_uniform_jobs(
     rng = np.random.default_rng(seed)
     prompts = np.exp(rng.uniform(math.log(prompt_min), math.log(prompt_max), num_jobs))
     outputs = rng.integers(output_min, output_max + 1, num_jobs)
+    cap = -(-output_max // block_size)
     return [
-        Job(i, max(1, -(-int(p) // block_size)), max(1, -(-int(o) // block_size)))
+        Job(i, max(1, -(-int(p) // block_size)), max(1, -(-int(o) // block_size)), cap)
         for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))
     ]
 
@@ -112,15 +116,25 @@ class EngineSide:
     def __init__(self, pool_blocks: int, policy: str, record_lengths: bool = False) -> None:
         from tagma.engine import Policy, RangeEngine
 
-        # "<policy>+hint": appends carry the request's remaining expected blocks (prompt + output, as the
-        # range manager's prompt + max_tokens), so new ranges go where the whole request fits.
-        base, _, hinted = policy.partition("+")
-        self.hinted = hinted == "hint"
+        # "<policy>[+hint|+maxhint][+admit<percent>]": with "+hint", appends carry the request's remaining
+        # expected blocks, prompt + output (the range manager's prompt + max_tokens when max_tokens is the
+        # output); "+maxhint" hints prompt + the trace's largest output instead (max_tokens as a cap, the hint
+        # overestimating). "+admit<percent>x<pieces>" sets the engine's RESERVE admission
+        # (tagma_engine_set_admission): a job is admitted once <percent>% of its hint fits in its <pieces>
+        # largest free parts clear of other jobs' expected growth.
+        base, *flags = policy.split("+")
+        self.hinted = "hint" in flags or "maxhint" in flags
+        self.max_hint = "maxhint" in flags
+        admit = [tuple(int(x) for x in f[len("admit") :].split("x")) for f in flags if f.startswith("admit")]
+        unknown = [f for f in flags if f not in ("hint", "maxhint") and not f.startswith("admit")]
+        if unknown or len(admit) > 1:
+            raise ValueError(f"policy {policy!r}: unknown or repeated suffix")
         self.engine = RangeEngine(pool_blocks, policy=Policy.parse(base))
+        if admit:
+            self.engine.set_admission(*admit[0])
         self.decode_appends = 0
         self.decode_in_place = 0
         self.exceeded_cap = 0
-        self.rejected = 0  # appends the engine refused although enough blocks were free
         self.lengths: Counter[int] | None = Counter() if record_lengths else None
         self.blocks_per_request: list[int] = []
 
@@ -133,13 +147,13 @@ class EngineSide:
         try:
             if self.hinted:
                 job = live.job
-                hint = job.prompt_blocks + job.output_blocks - live.prefilled - live.decoded
+                output = (job.max_output_blocks or job.output_blocks) if self.max_hint else job.output_blocks
+                hint = max(count, job.prompt_blocks + output - live.prefilled - live.decoded)
                 self.engine.append_runs(live.handle, count, hint)
             else:
                 self.engine.append(live.handle, count)
         except NoSpaceError:
-            self.rejected += 1  # the trace only appends what the free count allows: placement refused it
-            return False
+            return False  # the trace only asks when the free count allows: the placement declined
         ranges = self.engine.num_ranges(live.handle)
         if decode:
             self.decode_appends += 1
@@ -211,6 +225,7 @@ def simulate(
     chunk_blocks: int,
     sample_every: int,
     warmup_jobs: int = 0,
+    max_ticks: int | None = None,
 ) -> dict[str, Any]:
     """Run ``jobs`` through ``side``; samples every ``sample_every`` ticks once ``warmup_jobs`` finished.
 
@@ -221,7 +236,9 @@ def simulate(
     free = pool_blocks - 1  # block 0 is the null block
     finished_ranges: list[int] = []
     samples: list[tuple[float, float, float, int]] = []
-    preemptions = ticks = 0
+    preemptions = ticks = refusals = 0
+    running_sum = appended_tokens = 0
+    limit = max_ticks or 100 * (sum(j.prompt_blocks + j.output_blocks for j in jobs) // max(1, slots) + 1)
     start = time.perf_counter()
 
     def release(live: Live, done: bool) -> None:
@@ -231,44 +248,78 @@ def simulate(
         if done:
             finished_ranges.append(ranges)
 
-    while queue or running:
-        # admission: the next job when its first chunk fits
-        while queue and len(running) < slots and free >= min(chunk_blocks, queue[0].prompt_blocks):
-            live = Live(queue.popleft(), None)
-            side.admit(live)
-            running.append(live)
-        for live in list(running):
-            if live not in running:  # preempted earlier in this tick
-                continue
+    def grow(live: Live, need: int) -> bool:
+        """One allocation as vLLM's scheduler makes it: the free count first, then the allocator."""
+        nonlocal refusals
+        if need > free:
+            return False
+        if side.append(live, need, decode=live.prefilled >= live.job.prompt_blocks):
+            return True
+        refusals += 1  # enough blocks were free: the allocator declined (a placement limit)
+        return False
+
+    while (queue or running) and ticks < limit:
+        preempted = False
+        # running requests in admission order; one that cannot get its blocks preempts the most recently
+        # admitted (itself last), and then no later running request is scheduled in this tick
+        i = 0
+        while i < len(running):
+            live = running[i]
             prefill = live.prefilled < live.job.prompt_blocks
             need = min(chunk_blocks, live.job.prompt_blocks - live.prefilled) if prefill else 1
-            while need > free and running[-1] is not live:
+            ok = grow(live, need)
+            while not ok:
                 victim = running.pop()
                 release(victim, done=False)
-                queue.appendleft(Job(victim.job.index, victim.job.prompt_blocks, victim.job.output_blocks))
+                queue.appendleft(victim.job)
                 preemptions += 1
-            if need > free:  # alone and still no room: wait (cannot happen with a sane pool size)
-                continue
-            if not side.append(live, need, decode=not prefill):
-                continue  # refused although `need` blocks are free: counted as rejected, retried next tick
+                preempted = True
+                if victim is live:
+                    break
+                ok = grow(live, need)
+            if not ok:
+                break
             free -= need
+            appended_tokens += need
             if prefill:
                 live.prefilled += need
             else:
                 live.decoded += 1
             if live.decoded >= live.job.output_blocks:
-                running.remove(live)
+                running.pop(i)
                 release(live, done=True)
+            else:
+                i += 1
+        # admission (none in a tick with a preemption, as vLLM): the next job when its first chunk is placed
+        while not preempted and queue and len(running) < slots:
+            live = Live(queue[0], None)
+            need = min(chunk_blocks, live.job.prompt_blocks)
+            side.admit(live)
+            if not grow(live, need):
+                side.release(live)
+                break
+            queue.popleft()
+            free -= need
+            appended_tokens += need
+            live.prefilled = need
+            running.append(live)
         ticks += 1
+        running_sum += len(running)
         if ticks % sample_every == 0 and running and len(finished_ranges) >= warmup_jobs:
             samples.append(side.sample(running))
     elapsed = time.perf_counter() - start
     fr = np.asarray(finished_ranges, dtype=float)
     arr = np.asarray(samples, dtype=float) if samples else np.zeros((0, 4))
+    useful = sum(j.prompt_blocks + j.output_blocks for j in jobs)
     out: dict[str, Any] = {
         "ticks": ticks,
         "finished": len(finished_ranges),
+        "unfinished": len(jobs) - len(finished_ranges),
         "preemptions": preemptions,
+        "refusals": refusals,
+        "running_mean": running_sum / max(1, ticks),
+        "blocks_per_tick": useful / max(1, ticks),
+        "appended_blocks_per_tick": appended_tokens / max(1, ticks),
         "seconds": round(elapsed, 3),
         "ranges_at_completion": {
             "mean": float(fr.mean()),
@@ -297,7 +348,7 @@ def simulate(
                 "in_place_share_all_appends": stats.in_place_growths
                 / max(1, stats.in_place_growths + stats.new_ranges),
                 "requests_over_256_ranges": side.exceeded_cap,
-                "rejected": side.rejected,
+                "rejected": len(jobs) - len(finished_ranges),
                 "samples": len(samples),
             }
         )

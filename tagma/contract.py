@@ -13,7 +13,12 @@ Environment of a tagma server (all optional):
 * ``TAGMA_TELEMETRY_FILE``: append one :class:`PlacementRecord` per line (JSON) to this file; unset: no
   file I/O at all;
 * ``TAGMA_TELEMETRY_INTERVAL_S``: the least time between two lines (default 1.0 s);
-* ``TAGMA_PLACEMENT``: the engine's placement policy (``first_fit`` | ``best_fit`` | ``headroom``);
+* ``TAGMA_PLACEMENT``: the engine's placement policy (``first_fit`` | ``best_fit`` | ``headroom`` |
+  ``reserve``); with ``reserve`` the range manager (prefix caching off) tells the engine each request's
+  expected size (prompt + max_tokens) and the engine keeps it as a soft reservation;
+* ``TAGMA_RESERVE_ADMISSION``: ``<percent>/<pieces>`` (default ``100/4``; ``0`` turns it off): under
+  ``reserve``, a waiting request is admitted once ``percent``% of its expected blocks fit in its ``pieces``
+  largest free parts clear of other requests' reservations (else vLLM leaves it waiting);
 * ``TAGMA_RANGE_MANAGER``: ``0`` keeps the block-object manager when prefix caching is off (default: the
   range-native manager);
 * ``TAGMA_HOST_TIME_FILE``: where the server writes its in-server host (CPU) time records;
@@ -34,6 +39,7 @@ __all__ = [
     "ENV_HOST_TIME_FILE",
     "ENV_PLACEMENT",
     "ENV_RANGE_MANAGER",
+    "ENV_RESERVE_ADMISSION",
     "ENV_TELEMETRY_FILE",
     "ENV_TELEMETRY_INTERVAL_S",
     "ENV_WRITE_PATH_FILE",
@@ -58,6 +64,7 @@ ENV_TELEMETRY_INTERVAL_S: Final = "TAGMA_TELEMETRY_INTERVAL_S"
 DEFAULT_TELEMETRY_INTERVAL_S: Final = 1.0
 ENV_PLACEMENT: Final = "TAGMA_PLACEMENT"
 ENV_RANGE_MANAGER: Final = "TAGMA_RANGE_MANAGER"  # "0": the block-object manager even with caching off
+ENV_RESERVE_ADMISSION: Final = "TAGMA_RESERVE_ADMISSION"  # "<percent>/<pieces>" under TAGMA_PLACEMENT=reserve
 ENV_HOST_TIME_FILE: Final = "TAGMA_HOST_TIME_FILE"
 ENV_WRITE_PATH_FILE: Final = "TAGMA_WRITE_PATH_FILE"  # the worker's range write-path counters (JSON)
 

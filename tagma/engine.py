@@ -167,6 +167,7 @@ class Policy(enum.IntEnum):
     FIRST_FIT = 0
     BEST_FIT = 1
     HEADROOM = 2
+    RESERVE = 3
 
     @classmethod
     def parse(cls, value: str | int) -> Policy:
@@ -256,6 +257,7 @@ _SIGNATURES: Final[dict[str, tuple[Any, list[Any]]]] = {
     "tagma_engine_create": (_STATUS, [_I64, _I64, _I32, _VP]),
     "tagma_engine_destroy": (_STATUS, [_U64]),
     "tagma_engine_set_policy": (_STATUS, [_U64, _I32]),
+    "tagma_engine_set_admission": (_STATUS, [_U64, _I32, _I32]),
     "tagma_engine_stats": (_STATUS, [_U64, _VP]),
     "tagma_request_create": (_STATUS, [_U64, _VP]),
     "tagma_request_release": (_STATUS, [_U64, _U64]),
@@ -547,6 +549,13 @@ class RangeEngine:
     def set_policy(self, policy: Policy | int | str) -> None:
         pol = Policy.parse(policy) if isinstance(policy, str) else int(policy)
         status = self._f_set_policy(self._handle, pol)
+        if status:
+            _raise(self._lib, status)
+
+    def set_admission(self, percent: int, pieces: int = 1) -> None:
+        """RESERVE admission: a hinted first append waits until ``percent``% of the hint fits in the
+        ``pieces`` largest free parts clear of other requests' expected growth (0: off)."""
+        status = self._lib.tagma_engine_set_admission(self._handle, int(percent), int(pieces))
         if status:
             _raise(self._lib, status)
 

@@ -12,7 +12,8 @@ against the header's rules, then applies them. Interpretation of the header used
 * Then the remainder (count - growth) is placed over the free runs as they are after the evictions and the
   growth: as ONE range when some free run can hold it, chosen by the policy
     first fit: the lowest-addressed run that fits, placed at its start;
-    best fit:  a smallest run that fits, lowest address on ties, placed at its start;
+    best fit:  a smallest run that fits, lowest address on ties, placed at its start (also reserve, whose
+               reservations come only from append_runs hints, which this model's appends never carry);
     headroom:  a largest run (any of equal length), placed at run.start when the run starts at the first
                usable block, else at run.start + (run.length - remainder) // 2;
   otherwise as several ranges taken largest-first: every piece but the last is a whole free run, the pieces'
@@ -338,7 +339,7 @@ class ReferenceEngine:
     def _policy_starts(self, fitting: list[Run], runs: list[Run], n: int) -> set[int]:
         if self.policy == Policy.FIRST_FIT:
             return {min(fitting, key=lambda r: r.start).start}
-        if self.policy == Policy.BEST_FIT:
+        if self.policy in (Policy.BEST_FIT, Policy.RESERVE):  # RESERVE without hints: nothing is reserved
             return {min(fitting, key=lambda r: (r.length, r.start)).start}
         largest = max(r.length for r in runs)
         return {

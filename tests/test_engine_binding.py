@@ -191,7 +191,8 @@ def test_policy_parse_rejects_unknown_names() -> None:
 
 
 def test_policy_values_match_the_header() -> None:
-    assert [int(p) for p in (Policy.FIRST_FIT, Policy.BEST_FIT, Policy.HEADROOM)] == [0, 1, 2]
+    assert [int(p) for p in Policy] == [0, 1, 2, 3]
+    assert Policy.RESERVE == 3
 
 
 def test_engine_accepts_a_policy_name(make_engine: EngineFactory) -> None:
@@ -262,7 +263,7 @@ def test_handles_are_never_reused() -> None:
 
 @pytest.mark.parametrize(
     ("num_blocks", "align", "policy"),
-    [(1, 1, 1), (0, 1, 1), (-5, 1, 1), (16, 0, 1), (16, -2, 1), (16, 1, 3), (16, 1, -1)],
+    [(1, 1, 1), (0, 1, 1), (-5, 1, 1), (16, 0, 1), (16, -2, 1), (16, 1, 4), (16, 1, -1)],
 )
 def test_create_rejects_bad_arguments(num_blocks: int, align: int, policy: int) -> None:
     with pytest.raises(InvalidArgumentError) as info:

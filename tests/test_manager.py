@@ -798,3 +798,51 @@ def test_caching_on_decode_fast_path_skips_the_coordinator() -> None:
     assert len(calls) == 4
     twin.free("r")
     assert_no_leak(manager)
+
+
+def _reserve_request(request_id: str, prompt: int, max_tokens: int) -> Request:
+    params = SamplingParams(max_tokens=max_tokens)
+    params.update_from_generation_config({}, eos_token_id=100_000)
+    return Request(request_id=request_id, prompt_token_ids=list(range(1, prompt + 1)), sampling_params=params,
+                   pooling_params=None, block_hasher=None)  # fmt: skip
+
+
+def test_range_manager_reserve_hints_prompt_plus_max_tokens_and_waits_for_room(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TAGMA_RESERVE_ADMISSION", "100/1")
+    manager = TagmaKVCacheManager(
+        make_config(41), placement_policy="reserve", **manager_kwargs(enable_caching=False)
+    )  # usable blocks [1, 41)
+    assert isinstance(manager, RangeKVCacheManager)
+    hints: list[int] = []
+    append = manager._f_append_runs
+
+    def recording(*args: Any) -> int:
+        hints.append(args[3])
+        return append(*args)
+
+    manager._f_append_runs = recording
+    a = _reserve_request("a", 8, 72)  # 80 tokens expected: 20 blocks, [1, 21) kept for it
+    assert manager.get_block_ids("a") == ([],)
+    assert manager.allocate_slots(a, 8) is not None and hints == [20]
+    b = _reserve_request("b", 8, 80)  # 22 blocks: only 20 are clear of a's reservation
+    free_before = manager.block_pool.get_num_free_blocks()
+    assert manager.allocate_slots(b, 8) is None  # enough blocks are free: the engine declined admission
+    assert manager.block_pool.get_num_free_blocks() == free_before and manager.num_blocks_held("b") == 0
+    c = _reserve_request("c", 8, 72)  # 20 blocks fit right after a's reservation
+    assert manager.allocate_slots(c, 8) is not None
+    assert manager.get_block_ids("a") == ([1, 2],) and manager.get_block_ids("c") == ([21, 22],)
+    for req in (a, b, c):
+        manager.free(req)
+    assert_no_leak(manager)
+
+
+def test_reserve_admission_setting_is_checked() -> None:
+    from tagma.core.manager import reserve_admission
+
+    assert reserve_admission("") == (100, 4) and reserve_admission("75/2") == (75, 2)
+    assert reserve_admission("0") == (0, 1)
+    for bad in ("101", "50/0", "x"):
+        with pytest.raises(ValueError, match="TAGMA_RESERVE_ADMISSION"):
+            reserve_admission(bad)

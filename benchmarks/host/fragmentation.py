@@ -1,29 +1,30 @@
-"""Section 5: fragmentation of range placement under a concurrent decode trace, per placement policy.
+"""Section 5: fragmentation of range placement under a concurrent trace at saturation, per placement policy.
 
-A closed-loop trace at block granularity: ``requests`` slots stay busy; a request has a prompt of
-U(prompt_min_frac, 1) x context tokens and an output of U(output_min, output_max) tokens. One tick is
-block_size decode tokens: in slot order, every prefilling request appends its next chunk
-(``prefill_chunk_tokens``, chunked prefill) and every decoding request appends one block; a request that
-is done is released, and the next one in the queue is admitted when its first chunk fits. When an append
-does not fit, the most recently admitted request is preempted (released and requeued from scratch), as
-vLLM's scheduler does. Those decisions depend only on free-block counts, so every policy (and the paged
-reference) runs exactly the same trace. The pool holds ``pool_factor`` x requests x (context + output_max)
-tokens, for each of ``pool_factors`` (with a small factor the pool cannot hold every running request at its
-longest: preemptions happen, and placement runs out of room to grow).
+A closed-loop trace at block granularity (:mod:`benchmarks.fragmentation_sim`): ``requests`` slots; a
+request has a prompt of U(prompt_min_frac, 1) x context tokens and an output of U(output_min, output_max)
+tokens. One tick is block_size decode steps: in admission order every prefilling request appends its next
+chunk (``prefill_chunk_tokens``) and every decoding request one block; a finished request is released. As
+vLLM's scheduler: a request whose blocks do not fit (too few free, or the allocator declines) preempts the
+most recently admitted request (itself when it is the last), and then no later request is scheduled in that
+tick; waiting requests (preempted ones first) are admitted after the running ones, only in a tick without
+a preemption, while their first chunk is placed. The pool holds ``pool_factor`` x requests x (context +
+output_max) tokens, for each of ``pool_factors``: with a small factor the running requests outgrow it and
+vLLM's paged pool preempts.
 
-Per policy (the engine's first_fit / best_fit / headroom, the manager's default being headroom; a
-"+hint" suffix passes each append the request's remaining expected blocks, prompt + output, so that a new
-range goes where the whole request fits):
-* ranges per request: at completion (mean, p50, p99, max over finished requests), and the time average of
-  the mean over live requests; requests that ever exceeded 256 ranges (the seed design's cap);
-* in-place growth share: the fraction of decode appends that extended the request's last range (the
-  request's range count did not grow), and the engine's counters over all appends;
-* largest free range (blocks) and external fragmentation (1 - largest / free), time-averaged and worst.
+Per policy (the engine's first_fit / best_fit / headroom / reserve; suffixes: "+hint" passes each append
+the request's remaining expected blocks, prompt + output; "+maxhint" prompt + output_max, max_tokens as a
+cap; "+admit<P>x<K>" turns on RESERVE admission: a request is admitted once P% of its hint fits in its K
+largest free parts clear of other requests' reservations; the range manager under TAGMA_PLACEMENT=reserve
+is "reserve+hint+admit100x4" with max_tokens as the hint's output):
+* ranges per request at completion (mean, p50, p99, max), the time average over live requests, requests
+  over 256 ranges, in-place growth shares, largest free range and external fragmentation;
+* the trade-off against paged at equal KV capacity: admitted concurrency (running requests, time average),
+  preemptions, allocator refusals, the throughput proxy (the trace's tokens per simulated step: all jobs'
+  blocks / ticks; recomputation after a preemption is not charged), and unfinished (rejected) requests.
 
-Paged reference: vLLM's own ``BlockPool`` (prefix caching off) driven by the same trace; its "ranges" are
-the runs of consecutive block ids in a request's block list (what a range descriptor of that list would
-need). The trace itself is :mod:`benchmarks.fragmentation_sim`, the simulator the GPU benchmark's
-fragmented placements come from too.
+Paged reference: vLLM's own ``BlockPool`` (prefix caching off) driven by the same rules; its "ranges" are
+the runs of consecutive block ids in a request's block list. Policies that never decline (all but RESERVE
+admission) make exactly the paged reference's decisions.
 """
 
 from __future__ import annotations

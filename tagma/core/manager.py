@@ -32,7 +32,7 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.request import Request, RequestStatus
 
-from tagma.contract import ENV_PLACEMENT, ENV_RANGE_MANAGER
+from tagma.contract import ENV_PLACEMENT, ENV_RANGE_MANAGER, ENV_RESERVE_ADMISSION
 from tagma.core.block_pool import TagmaBlockPool
 from tagma.engine import I32Array, Policy, RangeEngine
 from tagma.errors import TagmaUnsupported
@@ -43,6 +43,7 @@ __all__ = [
     "ENV_RANGE_MANAGER",
     "TagmaKVCacheManager",
     "range_manager_enabled",
+    "reserve_admission",
     "resolve_policy",
     "unsupported_feature",
 ]
@@ -73,6 +74,19 @@ def resolve_policy(policy: str | int | Policy | None = None) -> Policy:
     if policy is None:
         policy = os.environ.get(ENV_POLICY) or DEFAULT_POLICY
     return Policy.parse(policy) if isinstance(policy, str) else Policy(policy)
+
+
+def reserve_admission(value: str | None = None) -> tuple[int, int]:
+    """RESERVE admission as (percent, pieces): the argument, else ``$TAGMA_RESERVE_ADMISSION``, else 100/4."""
+    text = (value if value is not None else os.environ.get(ENV_RESERVE_ADMISSION, "")).strip() or "100/4"
+    percent, _, pieces = text.partition("/")
+    try:
+        result = (int(percent), int(pieces or 1))
+    except ValueError:
+        result = (-1, -1)
+    if not 0 <= result[0] <= 100 or result[1] < 1:
+        raise ValueError(f"{ENV_RESERVE_ADMISSION}={text!r}: expected <percent in 0..100>[/<pieces >= 1>]")
+    return result
 
 
 def range_manager_enabled() -> bool:

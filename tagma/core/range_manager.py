@@ -32,8 +32,8 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.request import Request, RequestStatus
 
 from tagma.core.block_pool import RangeRelease
-from tagma.core.manager import TagmaKVCacheManager
-from tagma.engine import I32Array, _raise
+from tagma.core.manager import TagmaKVCacheManager, reserve_admission
+from tagma.engine import TAGMA_E_NO_SPACE, I32Array, Policy, _raise
 from tagma.errors import TagmaUnsupported
 
 __all__ = ["RangeBlocks", "RangeKVCacheManager"]
@@ -144,6 +144,10 @@ class RangeKVCacheManager(TagmaKVCacheManager):
         self._n_p = ctypes.addressof(self._n)
         self._u64 = ctypes.c_uint64(0)
         self._u64_p = ctypes.addressof(self._u64)
+        # RESERVE: appends carry the expected size (prompt + max_tokens); admission waits for room.
+        self._reserve = self.policy == Policy.RESERVE
+        if self._reserve:
+            engine.set_admission(*reserve_admission())
         # The scheduler asks the coordinator, not the manager, how many blocks a request still needs.
         self.coordinator.get_num_blocks_to_allocate = self._num_blocks_to_allocate  # type: ignore[method-assign]
 
@@ -209,22 +213,33 @@ class RangeKVCacheManager(TagmaKVCacheManager):
             external = -(-computed // bs) - held
             if external > 0:
                 runs = self._append(eng, rid, external)
+                if runs is None:
+                    return None
                 if self._zeroing and 0 not in kwargs.get("skip_zeroing_group_ids", ()):
                     self._zero_ids.append(ids_from_runs(runs, self._table))
                 need -= external
                 if need == 0:
                     return self.empty_kv_cache_blocks
-        runs = self._append(eng, rid, need)
+        hint = 0
+        if self._reserve:  # blocks the request expects from here: prompt + max_tokens, within max_model_len
+            total = request.num_prompt_tokens + (request.max_tokens or 0)
+            hint = max(need, -(-(total if total < max_len else max_len) // bs) - self._held.get(rid, 0))
+        runs = self._append(eng, rid, need, hint)
+        if runs is None:
+            return None  # RESERVE admission declined: vLLM leaves the request waiting
         if self._zeroing:
             self._zero_ids.append(ids_from_runs(runs, self._table))
         return RangeBlocks(runs, need, self._table, pool)
 
-    def _append(self, eng: int, rid: str, count: int) -> list[int]:
-        """One engine call: ``count`` new blocks for the request; returns them as flat runs."""
-        # No growth hint: measured in benchmarks/host/fragmentation.py ("headroom+hint"), hinting prompt +
-        # output placed worse than headroom alone except at saturation.
-        status = self._f_append_runs(self._h, eng, count, 0, self._runs_p, self._runs_cap, self._n_p)
+    def _append(self, eng: int, rid: str, count: int, hint: int = 0) -> list[int] | None:
+        """One engine call: ``count`` new blocks for the request; returns them as flat runs, or None when the
+        engine declined although enough blocks are free (RESERVE admission)."""
+        # A hint only under RESERVE: measured in benchmarks/host/fragmentation.py, "headroom+hint" placed
+        # worse than headroom alone except at saturation.
+        status = self._f_append_runs(self._h, eng, count, hint, self._runs_p, self._runs_cap, self._n_p)
         if status:
+            if status == TAGMA_E_NO_SPACE:
+                return None
             _raise(self._lib, status)
         self._held[rid] = self._held.get(rid, 0) + count
         self.block_pool._num_free -= count

@@ -92,6 +92,11 @@ tagma_status tagma_engine_destroy(tagma_engine_handle h) {
   return guarded("tagma_engine_destroy", [&] { tagma::Registry::instance().remove(h); });
 }
 
+tagma_status tagma_engine_set_admission(tagma_engine_handle h, int32_t percent, int32_t pieces) {
+  return with_engine("tagma_engine_set_admission", h,
+                     [&](Engine& engine) { engine.set_admission(percent, pieces); });
+}
+
 tagma_status tagma_engine_set_policy(tagma_engine_handle h, int32_t policy) {
   return with_engine("tagma_engine_set_policy", h, [&](Engine& engine) { engine.set_policy(policy); });
 }

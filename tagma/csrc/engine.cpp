@@ -34,7 +34,23 @@ Engine::Engine(const Geometry& geometry, Policy policy)
       free_list_(geometry.first_usable, geometry.end_usable, geometry.align),
       lru_(geometry.num_blocks) {}
 
-void Engine::set_policy(int32_t policy) { policy_ = parse_policy(policy); }
+void Engine::set_policy(int32_t policy) {
+  const Policy parsed = parse_policy(policy);
+  if (parsed == Policy::kReserve && policy_ != Policy::kReserve) {
+    frontiers_.clear();  // kept only under RESERVE: rebuilt from the live requests
+    for (const auto& [id, request] : requests_) {
+      if (!request.ranges().empty()) frontiers_[request.ranges().back().end()] = id;
+    }
+  }
+  policy_ = parsed;
+}
+
+void Engine::set_admission(int32_t percent, int32_t pieces) {
+  if (percent < 0 || percent > 100) fail(TAGMA_E_INVALID_ARG, "admission percent ", percent, " is outside [0, 100]");
+  if (pieces < 1) fail(TAGMA_E_INVALID_ARG, "admission pieces ", pieces, " must be >= 1");
+  admission_percent_ = percent;
+  admission_pieces_ = pieces;
+}
 
 tagma_stats Engine::stats() const {
   tagma_stats s{};

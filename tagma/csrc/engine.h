@@ -6,6 +6,7 @@
 #define TAGMA_ENGINE_H
 
 #include <cstdint>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -40,6 +41,8 @@ class Engine {
   Engine(int64_t num_blocks, int64_t align, int32_t policy);
 
   void set_policy(int32_t policy);
+  // RESERVE admission check of a request's first hinted append (0: off); see tagma_engine_set_admission.
+  void set_admission(int32_t percent, int32_t pieces);
   tagma_stats stats() const;
 
   // Requests (engine.cpp, allocate.cpp, refs.cpp).
@@ -87,7 +90,16 @@ class Engine {
   // allocate.cpp
   int32_t growth_room(const Request& request, int64_t count) const;
   bool can_allocate(const Request& request, int64_t count) const;
-  void allocate(Request& request, int64_t count, int32_t* new_blocks_out);
+  int64_t runs_from_scratch(int32_t* runs_out) const;
+  void allocate(uint64_t id, Request& request, int64_t count, int32_t* new_blocks_out);
+  // RESERVE placement of a new range of `count` blocks for request `id`, which expects `want` >= count
+  // blocks from here; nullopt when no free range has the aligned capacity for `count`.
+  std::optional<int32_t> place_reserving(uint64_t id, int32_t count, int64_t want, int* tier = nullptr) const;
+  bool admissible(uint64_t id, const Request& request, int64_t count) const;
+  // Remaining expected blocks of the request whose last range ends at `block` (0: none, or `self`).
+  int64_t reserved_at(int32_t block, uint64_t self) const;
+  // Keeps frontiers_ in step with the request's last range; old_end is its end before the change (or -1).
+  void update_frontier(uint64_t id, const Request& request, int32_t old_end);
   void add_new_range(Request& request, int32_t start, int32_t count, int32_t*& new_blocks_out);
   bool take_blocks(Request& request, int32_t start, int32_t count, int32_t*& new_blocks_out);
   std::vector<Eviction> evict(int64_t count);
@@ -104,12 +116,17 @@ class Engine {
   FreeList free_list_;               // blocks with no reference
   Lru lru_;                          // blocks with cache references only
   std::unordered_map<uint64_t, Request> requests_;
+  // End (one past the last block) of each request's last range -> the request: whose growth a free range
+  // starting there serves (RESERVE placement keeps that request's remaining expected blocks free for it).
+  std::unordered_map<int32_t, uint64_t> frontiers_;
   uint64_t next_request_id_ = 1;
   RangeCountStats range_counts_;
   int64_t used_blocks_ = 0;  // blocks with request references
   Counters counters_;
   std::vector<int32_t> append_scratch_;  // append_runs: the new block ids before they become runs
-  int64_t growth_hint_ = 0;  // during append_runs: blocks the request expects from this append on (0: none)
+  int64_t growth_hint_ = 0;
+  int32_t admission_percent_ = 0;
+  int32_t admission_pieces_ = 1;  // during append_runs: blocks the request expects from this append on (0: none)
 };
 
 }  // namespace tagma

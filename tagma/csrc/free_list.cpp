@@ -13,9 +13,10 @@ Policy parse_policy(int32_t policy) {
     case TAGMA_POLICY_FIRST_FIT:
     case TAGMA_POLICY_BEST_FIT:
     case TAGMA_POLICY_HEADROOM:
+    case TAGMA_POLICY_RESERVE:
       return static_cast<Policy>(policy);
     default:
-      fail(TAGMA_E_INVALID_ARG, "policy ", policy, " is unknown (0 first fit, 1 best fit, 2 headroom)");
+      fail(TAGMA_E_INVALID_ARG, "policy ", policy, " is unknown (0 first fit, 1 best fit, 2 headroom, 3 reserve)");
   }
 }
 
@@ -79,7 +80,8 @@ std::optional<int32_t> FreeList::place(Policy policy, int32_t count) const {
       if (start < 0) return std::nullopt;
       return aligned_start(start);
     }
-    case Policy::kBestFit: {
+    case Policy::kBestFit:
+    case Policy::kReserve: {  // the engine places by reservations first; without them, best fit
       const auto best = by_capacity_.lower_bound({count, std::numeric_limits<int32_t>::min()});
       if (best == by_capacity_.end()) return std::nullopt;
       return aligned_start(best->second);

@@ -17,6 +17,7 @@ enum class Policy : int32_t {
   kFirstFit = TAGMA_POLICY_FIRST_FIT,
   kBestFit = TAGMA_POLICY_BEST_FIT,
   kHeadroom = TAGMA_POLICY_HEADROOM,
+  kReserve = TAGMA_POLICY_RESERVE,
 };
 
 // Throws TAGMA_E_INVALID_ARG for an unknown policy value.

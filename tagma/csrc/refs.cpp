@@ -21,6 +21,7 @@ void Engine::attach(uint64_t id, const int32_t* block_ids, int64_t count) {
   check_attachable(request, block_ids, count);
 
   const int64_t ranges_before = request.num_ranges();
+  const int32_t end_before = request.ranges().empty() ? -1 : request.ranges().back().end();
   for (int64_t i = 0; i < count; ++i) {
     const auto block = static_cast<size_t>(block_ids[i]);
     if (req_refs_[block] == 0) {  // cache-only: it is in use from now on
@@ -37,6 +38,7 @@ void Engine::attach(uint64_t id, const int32_t* block_ids, int64_t count) {
     run_start = run_end;
   }
   range_counts_.change(ranges_before, request.num_ranges());
+  update_frontier(id, request, end_before);
 }
 
 // Every id must be a block in use or cache-only, listed once, not held by the request already.
@@ -70,6 +72,10 @@ void Engine::release_request(uint64_t id) {
   }
   freed.flush();
   range_counts_.remove(request.num_ranges());
+  if (policy_ == Policy::kReserve && !ranges.empty()) {
+    const auto frontier = frontiers_.find(ranges.back().end());
+    if (frontier != frontiers_.end() && frontier->second == id) frontiers_.erase(frontier);
+  }
   requests_.erase(id);
 }
 

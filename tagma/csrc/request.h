@@ -2,6 +2,7 @@
 #ifndef TAGMA_REQUEST_H
 #define TAGMA_REQUEST_H
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -23,6 +24,11 @@ class Request {
   const std::vector<Range>& ranges() const { return ranges_; }
   int64_t num_ranges() const { return static_cast<int64_t>(ranges_.size()); }
   int32_t num_blocks() const { return num_blocks_; }
+  // Blocks the request expects to hold in all (the append_runs hint plus what it held), 0 when unknown.
+  int64_t expected_blocks() const { return expected_blocks_; }
+  void set_expected_blocks(int64_t blocks) { expected_blocks_ = blocks; }
+  // Expected blocks not yet appended: what the request's growth may still need.
+  int64_t remaining_expected() const { return std::max<int64_t>(expected_blocks_ - num_blocks_, 0); }
 
   // Physical block of logical block `logical`, which must be in [0, num_blocks()). O(log ranges).
   int32_t physical(int64_t logical) const;
@@ -36,6 +42,7 @@ class Request {
  private:
   std::vector<Range> ranges_;
   int32_t num_blocks_ = 0;
+  int64_t expected_blocks_ = 0;
 };
 
 // How many live requests have each number of ranges: gives max_request_ranges and the histogram.

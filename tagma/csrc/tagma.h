@@ -57,6 +57,10 @@ typedef int32_t tagma_status;
 #define TAGMA_POLICY_BEST_FIT 1   /* smallest free range that fits (ties: lowest address) */
 #define TAGMA_POLICY_HEADROOM 2   /* largest free range; when it does not start at block 1 the new range is
                                      placed in its middle, leaving growth room for both neighbours */
+#define TAGMA_POLICY_RESERVE 3    /* requests' expected sizes (the append_runs hint) as soft reservations: a
+                                     free range that follows a request's last range first keeps that
+                                     request's remaining expected blocks; a new range goes right after them,
+                                     in the free range whose rest best fits the whole remaining hint */
 
 typedef uint64_t tagma_engine_handle;
 
@@ -97,6 +101,15 @@ const char *tagma_version(void);
 tagma_status tagma_engine_create(int64_t num_blocks, int64_t align, int32_t policy, tagma_engine_handle *out);
 tagma_status tagma_engine_destroy(tagma_engine_handle h);
 tagma_status tagma_engine_set_policy(tagma_engine_handle h, int32_t policy);
+/* RESERVE admission (percent in [0, 100], 0 = off, the default; pieces >= 1): under TAGMA_POLICY_RESERVE, a
+ * tagma_request_append_runs with a hint on a request that holds no block yet fails with TAGMA_E_NO_SPACE,
+ * changing nothing, unless the free space clear of other requests' reservations (each free range past its
+ * left neighbour's remaining expected blocks) holds W = max(count, ceil(percent% of the hint)) blocks, at
+ * most the usable space (an empty pool always admits): in one free range when pieces == 1, else in the
+ * `pieces` largest such parts together, the largest holding `count`. The caller (the scheduler) then leaves
+ * the request waiting: admission waits for room in a few large pieces instead of scattering the request.
+ * Costs O(free ranges) per admission attempt. */
+tagma_status tagma_engine_set_admission(tagma_engine_handle h, int32_t percent, int32_t pieces);
 tagma_status tagma_engine_stats(tagma_engine_handle h, tagma_stats *out);
 
 /* Requests. A new request owns no blocks. */

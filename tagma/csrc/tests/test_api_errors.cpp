@@ -108,7 +108,7 @@ TEST(errors_engine_create_arguments) {
   check_message("tagma_engine_create: align 0 must be > 0");
   check_error(tagma_engine_create(16, -2, 0, &h), TAGMA_E_INVALID_ARG, "tagma_engine_create");
   check_error(tagma_engine_create(10, 6, 0, &h), TAGMA_E_INVALID_ARG, "tagma_engine_create");  // usable [6, 6)
-  check_error(tagma_engine_create(16, 1, 3, &h), TAGMA_E_INVALID_ARG, "tagma_engine_create");
+  check_error(tagma_engine_create(16, 1, 4, &h), TAGMA_E_INVALID_ARG, "tagma_engine_create");
   check_error(tagma_engine_create(16, 1, -1, &h), TAGMA_E_INVALID_ARG, "tagma_engine_create");
   check_error(tagma_engine_create(16, 1, 0, nullptr), TAGMA_E_INVALID_ARG, "tagma_engine_create");
   CHECK_EQ(h, untouched);
@@ -122,7 +122,7 @@ TEST(errors_engine_create_arguments) {
 TEST(errors_set_policy_unknown) {
   Fixture f;
   const Snapshot before = f.engine.snapshot();
-  check_error(tagma_engine_set_policy(f.h(), 3), TAGMA_E_INVALID_ARG, "tagma_engine_set_policy");
+  check_error(tagma_engine_set_policy(f.h(), 4), TAGMA_E_INVALID_ARG, "tagma_engine_set_policy");
   check_error(tagma_engine_set_policy(f.h(), -1), TAGMA_E_INVALID_ARG, "tagma_engine_set_policy");
   CHECK_EQ(f.engine.snapshot(), before);
 }
@@ -322,7 +322,7 @@ TEST(errors_last_error_is_thread_local) {
   });
   other.join();
   CHECK_EQ(other_thread_message, std::string("tagma_engine_set_policy: policy 9 is unknown (0 first fit, 1 best fit, "
-                                             "2 headroom)"));
+                                             "2 headroom, 3 reserve)"));
   check_message("tagma_request_release: request 4242 is unknown or released");
 }
 

@@ -5,6 +5,7 @@
 using test::Pairs;
 using test::RangeTriple;
 using test::TestEngine;
+using test::check_error;
 
 namespace {
 
@@ -106,5 +107,96 @@ TEST(append_runs_with_a_hint_places_where_the_whole_hint_fits) {
   int64_t num_runs = 0;
   std::vector<int32_t> runs(8);
   CHECK_EQ(tagma_request_append_runs(engine.handle(), big, 1, -1, runs.data(), 4, &num_runs), TAGMA_E_INVALID_ARG);
+  engine.check_invariants();
+}
+
+TEST(reserve_keeps_the_left_neighbours_expected_growth_free) {
+  TestEngine engine(64, 1, TAGMA_POLICY_RESERVE);
+  const uint64_t r1 = engine.new_request();
+  const uint64_t r2 = engine.new_request();
+  CHECK_EQ(append_runs(engine, r1, 4, 20), (Pairs{{1, 4}}));  // expects 20 in all: [1, 21) is kept for it
+  CHECK_EQ(append_runs(engine, r2, 3, 10), (Pairs{{21, 3}}));  // right after r1's reservation
+  CHECK_EQ(append_runs(engine, r1, 16), (Pairs{{5, 16}}));  // grows in place to its expected size
+  CHECK_EQ(append_runs(engine, r2, 7), (Pairs{{24, 7}}));
+  CHECK_EQ(engine.ranges(r1), (std::vector<RangeTriple>{{1, 20, 0}}));
+  CHECK_EQ(engine.ranges(r2), (std::vector<RangeTriple>{{21, 10, 0}}));
+  // Without a hint a request expects only what it asks for: the smallest open part that holds it.
+  engine.release(r1);  // free: {1:20} {31:33}
+  const uint64_t r3 = engine.new_request();
+  CHECK_EQ(append_runs(engine, r3, 5), (Pairs{{1, 5}}));
+  engine.check_invariants();
+}
+
+TEST(reserve_cuts_into_a_reservation_from_its_far_end_when_nothing_else_fits) {
+  TestEngine engine(32, 1, TAGMA_POLICY_RESERVE);
+  const uint64_t r1 = engine.new_request();
+  CHECK_EQ(append_runs(engine, r1, 4, 31), (Pairs{{1, 4}}));  // the whole pool is r1's reservation
+  const uint64_t r2 = engine.new_request();
+  CHECK_EQ(append_runs(engine, r2, 3, 3), (Pairs{{29, 3}}));  // r1 keeps [5, 29)
+  CHECK_EQ(engine.free_ranges(), (Pairs{{5, 24}}));
+  engine.check_invariants();
+}
+
+TEST(reserve_admission_waits_for_room_clear_of_reservations) {
+  TestEngine engine(32, 1, TAGMA_POLICY_RESERVE);
+  const uint64_t r1 = engine.new_request();
+  CHECK_EQ(append_runs(engine, r1, 4, 20), (Pairs{{1, 4}}));
+  REQUIRE_EQ(tagma_engine_set_admission(engine.handle(), 100, 1), TAGMA_OK);
+  const uint64_t r2 = engine.new_request();
+  const test::Snapshot before = engine.snapshot();
+  std::vector<int32_t> runs(8);
+  int64_t num_runs = -1;
+  // Free [5, 32): r1 keeps 16 of it, 11 are open; r2 expects 20.
+  check_error(tagma_request_append_runs(engine.handle(), r2, 4, 20, runs.data(), 4, &num_runs), TAGMA_E_NO_SPACE,
+              "tagma_request_append_runs");
+  CHECK_EQ(engine.snapshot(), before);
+  // Half of the hint must fit: 10 <= 11.
+  REQUIRE_EQ(tagma_engine_set_admission(engine.handle(), 50, 1), TAGMA_OK);
+  CHECK_EQ(append_runs(engine, r2, 4, 20), (Pairs{{21, 4}}));
+  // A request that already holds blocks is never refused by admission.
+  REQUIRE_EQ(tagma_engine_set_admission(engine.handle(), 100, 1), TAGMA_OK);
+  CHECK_EQ(append_runs(engine, r2, 1, 30), (Pairs{{25, 1}}));
+  engine.check_invariants();
+}
+
+TEST(reserve_admission_in_pieces_and_on_an_empty_pool) {
+  TestEngine engine(40, 1, TAGMA_POLICY_RESERVE);
+  REQUIRE_EQ(tagma_engine_set_admission(engine.handle(), 100, 2), TAGMA_OK);
+  std::vector<uint64_t> held;
+  for (const int64_t count : {8, 6, 8, 6, 11}) {  // [1,9) [9,15) [15,23) [23,29) [29,40)
+    held.push_back(engine.new_request());
+    CHECK_EQ(append_runs(engine, held.back(), count, count).size(), size_t{1});
+  }
+  engine.release(held[1]);
+  engine.release(held[3]);  // free: {9:6} {23:6}, nobody expects more
+  const uint64_t r = engine.new_request();
+  CHECK_EQ(append_runs(engine, r, 4, 12), (Pairs{{9, 4}}));  // 6 + 6 >= 12 in two pieces
+  const uint64_t r2 = engine.new_request();
+  std::vector<int32_t> runs(8);
+  int64_t num_runs = -1;
+  // Left: {13:2} kept for r, {23:6} open; 6 < 7.
+  check_error(tagma_request_append_runs(engine.handle(), r2, 1, 7, runs.data(), 1, &num_runs), TAGMA_E_NO_SPACE,
+              "tagma_request_append_runs");
+  for (const uint64_t id : {held[0], held[2], held[4], r}) engine.release(id);
+  // An empty pool admits a hint larger than the pool.
+  CHECK_EQ(append_runs(engine, r2, 3, 1000), (Pairs{{1, 3}}));
+  check_error(tagma_engine_set_admission(engine.handle(), 101, 1), TAGMA_E_INVALID_ARG, "tagma_engine_set_admission");
+  check_error(tagma_engine_set_admission(engine.handle(), 50, 0), TAGMA_E_INVALID_ARG, "tagma_engine_set_admission");
+  engine.check_invariants();
+}
+
+TEST(reserve_after_a_policy_switch_sees_the_requests_already_live) {
+  TestEngine engine(64, 1, TAGMA_POLICY_FIRST_FIT);
+  const uint64_t r1 = engine.new_request();
+  CHECK_EQ(append_runs(engine, r1, 4, 20), (Pairs{{1, 4}}));  // the hint is remembered under any policy
+  engine.set_policy(TAGMA_POLICY_RESERVE);
+  const uint64_t r2 = engine.new_request();
+  CHECK_EQ(append_runs(engine, r2, 3, 10), (Pairs{{21, 3}}));
+  engine.set_policy(TAGMA_POLICY_FIRST_FIT);
+  CHECK_EQ(append_runs(engine, r1, 2), (Pairs{{5, 2}}));
+  engine.set_policy(TAGMA_POLICY_RESERVE);  // r1's last range now ends at 7, 14 blocks still expected
+  const uint64_t r3 = engine.new_request();
+  engine.release(r2);  // free: {7:57}
+  CHECK_EQ(append_runs(engine, r3, 2, 2), (Pairs{{21, 2}}));
   engine.check_invariants();
 }
