@@ -148,7 +148,7 @@ def select(spec: WorkloadSpec, trace: trace_file.Trace, path: Path) -> tuple[lis
             continue
         if end_ms is not None and r.timestamp_ms >= end_ms:
             break
-        if len(chosen) == spec.num_requests:
+        if spec.num_requests is not None and len(chosen) == spec.num_requests:
             break
         scanned += 1
         out = spec.output_len.cap(r.output_length) if r.output_length >= 1 else 1
@@ -163,11 +163,12 @@ def select(spec: WorkloadSpec, trace: trace_file.Trace, path: Path) -> tuple[lis
             ids = ids[: math.ceil(n_in / block)]
             cut.append(lines[i])
         chosen.append(Selected(lines[i], r, out, n_in, ids))
-    if len(chosen) < spec.num_requests:
+    wanted = spec.num_requests if spec.num_requests is not None else 1
+    if len(chosen) < wanted:
         window = f"from {spec.start_s:g} s"
         window += "" if spec.duration_s is None else f" for {spec.duration_s:g} s"
         raise ValueError(
-            f"workload {spec.name}: only {len(chosen)} of the {spec.num_requests} requests asked for fit "
+            f"workload {spec.name}: only {len(chosen)} of the {wanted} requests asked for fit "
             f"max_model_len {limit} in the trace window {window} ({len(filtered)} filtered as too long); "
             f"widen the window, lower num_requests or use overflow=cut")
     affected = filtered if spec.overflow == "filter" else cut

@@ -66,7 +66,7 @@ class WorkloadSpec:
     """
 
     name: str
-    num_requests: int
+    num_requests: int | None  # mooncake: None takes every record of the window that fits
     input_len: LengthDist | None = None  # mooncake: natural (the default there)
     output_len: LengthDist | None = None
     # prompt_tokens + max_tokens must fit, or building fails (no silent capping); None until the harness
@@ -104,7 +104,8 @@ class WorkloadSpec:
             raise ValueError(f"workload name must match {_NAME.pattern} (it names a file), got {self.name!r}")
         for name, lo in (("num_requests", 1), ("num_warmup", 0), ("max_model_len", 1)):
             v = getattr(self, name)
-            if v is None and name == "max_model_len":
+            optional = name == "max_model_len" or (name == "num_requests" and self.kind == "mooncake")
+            if v is None and optional:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
