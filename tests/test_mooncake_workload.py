@@ -327,3 +327,34 @@ def test_replay_sends_token_ids_at_the_trace_times_to_the_mock_server(tmp_path, 
     assert [r.scheduled_s for r in results] == pytest.approx(w.arrivals)
     assert all(r.sent_s >= r.scheduled_s for r in results)
     assert [r.completion_tokens for r in results] == w.output_lengths()
+
+
+@pytest.mark.slow
+def test_tiny_trace_replay_through_real_servers_hits_the_prefix_cache(tmp_path):
+    """A five-request trace through `harness.main` (paged, then tagma): every request completes with the
+    trace's lengths, and the paged server reports prefix-cache hits (the shared leading blocks)."""
+    import psutil
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    trace = write_trace(tmp_path / "t.jsonl", RECORDS[:5])
+    cmd = [
+        sys.executable, "-m", "harness.main", "--config-name", "mooncake_cpu",
+        f"results_dir={tmp_path}", "run_id=mc", "run=ci", f"workload.path={trace}",
+        "workload.num_requests=5", "workload.num_warmup=1", "workload.time_scale=0.2",
+        "workload.output_len={kind: natural, high: 4}", "server.max_model_len=4096",
+        "server.kv_cache_space_gib=1",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    root = tmp_path / "mc"
+    summary = json.loads((root / "summary.json").read_text())
+    for arm in ("baseline", "candidate"):
+        assert summary["arms"][arm]["completed"] == 5 and summary["arms"][arm]["failed"] == 0
+    lines = (root / "runs/00-baseline-paged/requests.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert [r["prompt_tokens"] for r in rows] == [n for _, n, _, _ in RECORDS[:5]]  # the server's own count
+    assert [r["completion_tokens"] for r in rows] == [4, 4, 1, 4, 4]
+    workload = json.loads((root / "workload.json").read_text())
+    assert workload["provenance"]["trace"]["sha256"] and workload["provenance"]["trace"]["records_used"] == 5
+    assert summary["telemetry"]["00-baseline-paged"]["prefix_cache_hit_rate"] > 0
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before  # no server left behind
