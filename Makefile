@@ -11,7 +11,7 @@ CSRC := $(wildcard tagma/csrc/*.h tagma/csrc/*.cpp tagma/csrc/*.map tagma/csrc/C
 	tagma/csrc/tests/*.h tagma/csrc/bench/*.cpp)
 JOBS ?= 2
 
-.PHONY: setup engine tiny-model test test-fast test-cpp sanitize lint clean bench-cpu bench-cpu-128k bench-gpu \
+.PHONY: setup engine tiny-model test test-fast test-cpp sanitize lint clean bench-cpu bench-cpu-128k bench-cpu-mooncake bench-gpu \
 	bench-host bench-gpu-kernels plots sweep sweep-report
 
 setup: $(SETUP_STAMP) $(ENGINE_LIB)
@@ -60,6 +60,11 @@ bench-cpu: setup
 # Opt-in 128K on CPU (one ~123K-token prefill of the tiny model takes minutes here); never in CI.
 bench-cpu-128k: setup
 	$(PY) -m harness.main server=cpu_128k workload=sharegpt_128k_cpu $(ARGS)
+
+# The Mooncake conversation trace (data/mooncake/) with real text and its exact prefix sharing, at its own
+# arrival times (x10): the first 30 requests that fit 16K, one server at a time.
+bench-cpu-mooncake: setup
+	$(PY) -m harness.main --config-name mooncake_cpu $(ARGS)
 
 # Host-side cost of paged vs tagma against vLLM's own code (~1.5 min here); ARGS="size=smoke" for seconds.
 bench-host: setup
