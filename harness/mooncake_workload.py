@@ -55,6 +55,9 @@ class PieceStream:
         self.n = len(items)
         self.cursor = start % self.n
         self.walked = 0
+        self.texts_this_pass = 0
+        self.tokens = 0
+        self.pass_tokens: int | None = None  # tokens in one pass over the conversations, once known
         self.buf: list[int] = []
         self.seen: set[bytes] = set()
         self.skipped_duplicates = 0
@@ -62,19 +65,25 @@ class PieceStream:
     def _refill(self) -> None:
         texts: list[str] = []
         while len(texts) < _BATCH:
-            if self.walked >= 3 * self.n:
-                raise ValueError(f"the {self.n} conversations hold too little text for the pieces needed")
             text = _conversation_text(self.items[self.cursor])
             self.cursor = (self.cursor + 1) % self.n
             self.walked += 1
             if text:
                 texts.append(text)
-            if self.walked % self.n == 0:
-                break  # a wrap: later pieces repeat text, and the distinctness check takes over
+                self.texts_this_pass += 1
+            if self.walked % self.n == 0:  # a wrap: later pieces repeat text; distinctness shifts them
+                if not self.texts_this_pass:
+                    raise ValueError(f"the {self.n} conversations hold no text to build pieces from")
+                self.texts_this_pass = 0
+                break
         for ids in tokenize_texts(texts, self.tok, self.num_proc):
             self.buf.extend(ids)
+            self.tokens += len(ids)
+        if self.walked == self.n:
+            self.pass_tokens = self.tokens
 
     def next(self) -> list[int]:
+        shifts = 0
         while True:
             while len(self.buf) < self.block:
                 self._refill()
@@ -82,6 +91,10 @@ class PieceStream:
             digest = hashlib.sha1(repr(piece).encode()).digest()
             if digest in self.seen:  # only after a wrap around the data: shift by a token
                 self.skipped_duplicates += 1
+                shifts += 1
+                if self.pass_tokens is not None and shifts > self.pass_tokens + self.block:
+                    raise ValueError(f"the conversations' text holds only {len(self.seen)} distinct "
+                                     f"{self.block}-token pieces; more are needed")
                 del self.buf[0]
                 continue
             del self.buf[: self.block]

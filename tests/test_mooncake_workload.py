@@ -358,3 +358,17 @@ def test_tiny_trace_replay_through_real_servers_hits_the_prefix_cache(tmp_path):
     assert workload["provenance"]["trace"]["sha256"] and workload["provenance"]["trace"]["records_used"] == 5
     assert summary["telemetry"]["00-baseline-paged"]["prefix_cache_hit_rate"] > 0
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before  # no server left behind
+
+
+def test_pieces_stay_distinct_when_the_text_wraps_around(tok):
+    convs = [{"conversations": [{"from": "human", "value": f"short text number {i} " * 60}]}
+             for i in range(3)]
+    stream = mw.PieceStream(convs, tok, 64, start=1)
+    pieces = [stream.next() for _ in range(200)]  # many passes over the three conversations
+    assert stream.walked > 3 * 3 and len({tuple(p) for p in pieces}) == 200
+    assert all(len(p) == 64 for p in pieces)
+    tiny = mw.PieceStream([{"conversations": [{"from": "human", "value": "one two three four"}]}], tok, 4, 0)
+    with pytest.raises(ValueError, match="distinct 4-token pieces; more are needed"):
+        [tiny.next() for _ in range(100)]
+    with pytest.raises(ValueError, match="hold no text"):
+        mw.PieceStream([{"conversations": []}], tok, 64, start=0).next()
