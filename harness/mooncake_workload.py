@@ -241,7 +241,7 @@ def build(spec: WorkloadSpec, source: Source, tokenizer: Any, trace_path: Path
             "blocks": len(used_ids), "distinct_blocks": len(pieces),
             "block_reuse": 1 - len(pieces) / len(used_ids),
         },
-        "text": {**source.provenance, "piece_tokens": block, "start_conversation": start,
+        "sharegpt": {**source.provenance, "piece_tokens": block, "start_conversation": start,
                  "special_prefix": prefix, "duplicate_shifts": stream.skipped_duplicates},
         "prompts": "token ids",
     }

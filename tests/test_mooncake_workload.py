@@ -242,7 +242,7 @@ def test_provenance_records_the_trace_file(tmp_path, text_file, tok_dir):
     p = build_workload(mspec(trace, text_file), tok_dir, None).provenance
     assert p["trace"]["path"] == str(trace) and p["trace"]["records"] == 6
     assert p["trace"]["sha256"] == hashlib.sha256(trace.read_bytes()).hexdigest()
-    assert p["text"]["path"] == str(text_file) and p["prompts"] == "token ids"
+    assert p["sharegpt"]["path"] == str(text_file) and p["prompts"] == "token ids"
 
 
 def test_shipped_trace_is_the_default_path() -> None:
@@ -372,3 +372,13 @@ def test_pieces_stay_distinct_when_the_text_wraps_around(tok):
         [tiny.next() for _ in range(100)]
     with pytest.raises(ValueError, match="hold no text"):
         mw.PieceStream([{"conversations": []}], tok, 64, start=0).next()
+
+
+def test_the_report_states_the_trace_and_what_the_context_limit_did(tmp_path, text_file, tok_dir):
+    from harness.report import trace_lines
+
+    w = build_workload(mspec(write_trace(tmp_path / "t.jsonl"), text_file, num_requests=None,
+                             max_model_len=2100), tok_dir, None)
+    (line,) = trace_lines(w.provenance["trace"])
+    assert "4 of 6 records" in line and "2 filtered (trace lines [5, 6])" in line
+    assert trace_lines(None) == []
