@@ -62,7 +62,7 @@ bench-cpu-128k: setup
 	$(PY) -m harness.main server=cpu_128k workload=sharegpt_128k_cpu $(ARGS)
 
 # The Mooncake conversation trace (data/mooncake/) with real text and its exact prefix sharing, at its own
-# arrival times (x10): the first 30 requests that fit 16K, one server at a time.
+# arrival times (x10): the first 30 requests that fit 16K, one server at a time (about 7 minutes here).
 bench-cpu-mooncake: setup
 	$(PY) -m harness.main --config-name mooncake_cpu $(ARGS)
 
