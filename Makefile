@@ -11,8 +11,8 @@ CSRC := $(wildcard tagma/csrc/*.h tagma/csrc/*.cpp tagma/csrc/*.map tagma/csrc/C
 	tagma/csrc/tests/*.h tagma/csrc/bench/*.cpp)
 JOBS ?= 2
 
-.PHONY: setup engine tiny-model test test-fast test-cpp sanitize lint clean bench-cpu bench-cpu-128k bench-gpu \
-	bench-host bench-inserver bench-gpu-kernels plots sweep sweep-report
+.PHONY: setup engine tiny-model test test-fast test-cpp sanitize lint clean bench-cpu bench-cpu-128k \
+	bench-cpu-mooncake bench-gpu bench-host bench-inserver bench-gpu-kernels plots sweep sweep-report
 
 setup: $(SETUP_STAMP) $(ENGINE_LIB)
 
@@ -67,6 +67,11 @@ bench-cpu-128k: setup
 # "KV cache manager per step" section and bench-host's in-server row read the newest such run.
 bench-inserver: setup tiny-model
 	$(PY) -m harness.main --config-name inserver_64x16k $(ARGS)
+
+# The Mooncake conversation trace (data/mooncake/) with real text and its exact prefix sharing, at its own
+# arrival times (x10): the first 30 requests that fit 16K, one server at a time (about 7 minutes here).
+bench-cpu-mooncake: setup
+	$(PY) -m harness.main --config-name mooncake_cpu $(ARGS)
 
 # Host-side cost of paged vs tagma against vLLM's own code (~1.5 min here); ARGS="size=smoke" for seconds.
 bench-host: setup

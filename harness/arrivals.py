@@ -10,6 +10,9 @@ For one seed the gaps at rate r are the gaps at rate 1 divided by r (the same ra
 sweep compares the same arrival pattern at different speeds.
 
 Closed loop: every request is ready at t = 0 and the client keeps max_concurrency of them in flight.
+
+Trace: each request is sent at the time its trace record gives (the workload's ``arrivals``, see
+:mod:`harness.mooncake_workload`), open loop.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-MODES = ("open", "closed")
+MODES = ("open", "closed", "trace")
 ARRIVALS = ("poisson", "gamma")
 
 
@@ -37,6 +40,11 @@ class LoadSpec:
             raise ValueError(f"load mode must be one of {MODES}, got {self.mode!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if self.mode == "trace":
+            if self.request_rate is not None or self.max_concurrency is not None:
+                raise ValueError("trace mode takes no request_rate or max_concurrency (the trace's times "
+                                 "set the pace; scale them with workload.time_scale)")
+            return
         if self.mode == "closed":
             c = self.max_concurrency
             if isinstance(c, bool) or not isinstance(c, int) or c < 1:
@@ -58,6 +66,8 @@ class LoadSpec:
             raise ValueError(f"poisson arrivals have burstiness 1.0; use arrival='gamma' for {b}")
 
     def label(self) -> str:
+        if self.mode == "trace":
+            return "trace"
         if self.mode == "closed":
             return f"closed-c{self.max_concurrency}"
         shape = "" if self.arrival == "poisson" else f"-k{self.burstiness:g}"
@@ -68,6 +78,8 @@ def arrival_offsets(n: int, spec: LoadSpec) -> np.ndarray:
     """Send times in seconds from the run's start for n requests: non-decreasing, first 0, seeded."""
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
+    if spec.mode == "trace":
+        raise ValueError("trace arrivals come from the workload (a trace workload's arrivals)")
     if spec.mode == "closed" or n == 0 or math.isinf(spec.request_rate):
         return np.zeros(n)
     k = float(spec.burstiness)

@@ -126,6 +126,10 @@ class BenchConfig:
                 "load.max_concurrency=1 (use run.design=abba for concurrency > 1, where two live servers "
                 "would compete for the cores)"
             )
+        if self.load.mode == "trace" and self.workload.kind != "mooncake":
+            raise ValueError(f"load=trace sends requests at a trace's times: it needs a trace workload "
+                             f"(workload=mooncake, or workload.dataset=<trace file>), got "
+                             f"{self.workload.kind} workload {self.workload.name}")
         wl, srv = self.workload.max_model_len, self.server.max_model_len
         if srv is not None and wl is not None and wl > srv:
             raise ValueError(

@@ -27,6 +27,20 @@ TARGET_HALF_WIDTH = 0.03  # the resolution a run should reach on its primary met
 __all__ = ["load_runs", "write_report", "telemetry_summary", "make_figures"]
 
 
+def trace_lines(t: dict | None) -> list[str]:
+    """A trace workload's source and what its context limit did (nothing for other workloads)."""
+    if not t:
+        return []
+    ov, w = t["overflow"], t["window"]
+    what = "filtered" if ov["mode"] == "filter" else "cut"
+    more = " ..." if ov["count"] > 10 else ""
+    return [f"- trace: {t['path']} (sha256 {t['sha256'][:16]}...), {t['records_used']} of {t['records']} "
+            f"records from {w['start_s']:g} s, times x{w['time_scale']:g}; {t['distinct_blocks']} distinct "
+            f"of {t['blocks']} {t['hash_block_tokens']}-token blocks (reuse {t['block_reuse']:.1%}); over "
+            f"max_model_len {ov['max_model_len']}: {ov['count']} {what} (trace lines {ov['trace_lines'][:10]}"
+            f"{more})"]
+
+
 def telemetry_summary(run: dict) -> dict:
     t = run.get("telemetry") or []
     usage = [s["kv_cache_usage"] for s in t if s.get("kv_cache_usage") is not None]
@@ -153,6 +167,7 @@ def _markdown(meta: dict, runs: list[dict], ab: list[Comparison], host: list[str
         f"- prompts: {len(lengths)} requests, tokens min {lengths.min()} / p50 {int(np.median(lengths))} / "
         f"max {lengths.max()} (mean {lengths.mean():.0f}); outputs {sorted(set(wl['output_lengths']))[:5]} "
         "tokens, ignore_eos",
+        *trace_lines(wl["provenance"].get("trace")),
         "",
         "## Primary metrics",
         "",

@@ -202,7 +202,13 @@ def failure_reason(cfg: BenchConfig, err: BaseException) -> str:
 
 
 async def _replay(cfg: BenchConfig, base_url: str, workload: Workload, bar: tqdm) -> tuple[list, float]:
-    offsets = arrival_offsets(len(workload.requests), cfg.load)
+    if cfg.load.mode == "trace":
+        if workload.arrivals is None:
+            raise RunFailed(f"load=trace needs a trace workload (kind mooncake); {workload.spec.name} has no "
+                            f"arrival times")
+        offsets = workload.arrivals
+    else:
+        offsets = arrival_offsets(len(workload.requests), cfg.load)
     return await asyncio.wait_for(
         run_requests(
             base_url,
