@@ -18,12 +18,21 @@ For each context C (tokens, block_size b, n = C // b full blocks), token ids dra
   block ids. The prompt's int objects are cold after vLLM's side ran, as in a server.
 * ``fixed_cost``: a one-block lookup through the binding against a bare ctypes call of the engine
   (``tagma_request_num_ranges``), interleaved: the binding's own cost per call is the difference.
+* ``eviction_modes``: what contiguity costs in hit rate. A trace of records with ``hash_ids`` (Mooncake's
+  format: each id names a 512-token block, shared ids mean shared prefixes) is replayed through the engine
+  alone once per eviction mode, same pool, same order: each request looks up and attaches its cached prefix,
+  gets blocks for the rest, indexes its prompt, then decodes ``output_length`` tokens one block per step
+  interleaved with the other live requests (``concurrency`` of them; each growth passes the blocks it has
+  left as the hint), indexing its decode blocks too (as vLLM caches them), and is released. Reports hit rate
+  (hit / prompt tokens), ranges per request (at release) and evictions per mode; LRU is vLLM's exact order.
 """
 
 from __future__ import annotations
 
 import array
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,7 +44,7 @@ from benchmarks.host.manager_ops import admit, build_managers, make_request
 from benchmarks.host.timing import interleaved, pair_entry, summarize, timed_ns
 from tagma import prefix_index as prefix_module
 from tagma.engine import RangeEngine
-from tagma.prefix_index import PrefixIndex
+from tagma.prefix_index import EvictionMode, PrefixIndex
 
 __all__ = ["run"]
 
@@ -207,12 +216,139 @@ def fixed_cost(cfg: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
+# ------------------------------------------------------------------------------- eviction modes on a trace
+
+HASH_BLOCK_TOKENS = 512  # tokens named by one hash id in Mooncake's traces
+
+
+def load_trace(path: Path, max_requests: int, max_input: int) -> list[dict[str, Any]]:
+    """The first ``max_requests`` records with ``input_length <= max_input`` (input_length, output_length,
+    hash_ids)."""
+    records: list[dict[str, Any]] = []
+    with path.open() as f:
+        for line in f:
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            if int(rec["input_length"]) <= max_input:
+                records.append(rec)
+                if len(records) == max_requests:
+                    break
+    return records
+
+
+def _prompt(rec: dict[str, Any]) -> np.ndarray:
+    """Token ids of a record: hash id h's block is h * 512 + [0, 512) (distinct ids share no token block)."""
+    ids = np.asarray(rec["hash_ids"], dtype=np.int64)
+    base = (ids * HASH_BLOCK_TOKENS)[:, None] + np.arange(HASH_BLOCK_TOKENS, dtype=np.int64)[None, :]
+    tokens = (base.reshape(-1) % (2**31 - 1)).astype(np.int32)
+    return tokens[: int(rec["input_length"])]
+
+
+def replay(
+    records: list[dict[str, Any]], mode: EvictionMode, pool_blocks: int, bs: int, concurrency: int
+) -> dict:
+    engine = RangeEngine(pool_blocks + 1)
+    index = PrefixIndex(engine, bs, mode)
+    rng = np.random.default_rng(0)
+    live: list[dict[str, Any]] = []
+    prompt_tokens = hit_tokens = rejected = 0
+    ranges: list[int] = []
+    pending = list(records)
+
+    def admit(rec: dict[str, Any]) -> bool:
+        nonlocal prompt_tokens, hit_tokens, rejected
+        tokens = _prompt(rec)
+        out_blocks = -(-int(rec["output_length"]) // bs)
+        total = -(-(tokens.size + out_blocks * bs) // bs)
+        s = engine.stats()
+        if total > s.free_blocks + s.cached_only_blocks:
+            rejected += 1
+            return False
+        req = engine.create_request()
+        hit = index.lookup_attach(0, req, tokens, max(tokens.size - 1, 0) // bs)
+        need = -(-tokens.size // bs) - hit
+        if need > 0:
+            engine.append_runs(req, need, hint=need + out_blocks)
+        index.insert(0, req, tokens)
+        prompt_tokens += int(tokens.size)
+        hit_tokens += hit * bs
+        decode = rng.integers(0, 128_000, size=out_blocks * bs, dtype=np.int32)
+        live.append(
+            {"req": req, "tokens": np.concatenate([tokens, decode]), "left": out_blocks, "at": tokens.size}
+        )
+        return True
+
+    while pending or live:
+        while pending and len(live) < concurrency:
+            admit(pending.pop(0))
+        for item in list(live):  # one decode block per live request per step
+            if item["left"] > 0:
+                req = item["req"]
+                have = engine.num_blocks_of(req) * bs
+                item["at"] += bs
+                if item["at"] > have:
+                    engine.append_runs(req, 1, hint=item["left"])
+                indexed = index.insert(0, req, item["tokens"][: item["at"]])
+                del indexed
+                item["left"] -= 1
+            if item["left"] <= 0:
+                ranges.append(engine.num_ranges(item["req"]))
+                engine.release(item["req"])
+                live.remove(item)
+    stats = index.stats()
+    engine_stats = engine.stats()
+    engine.close()
+    arr = np.asarray(ranges or [0])
+    return {
+        "mode": mode.name.lower(),
+        "requests": len(ranges),
+        "rejected": rejected,
+        "hit_rate": hit_tokens / prompt_tokens if prompt_tokens else 0.0,
+        "hit_tokens": hit_tokens,
+        "prompt_tokens": prompt_tokens,
+        "ranges_mean": float(arr.mean()),
+        "ranges_p99": float(np.percentile(arr, 99)),
+        "ranges_max": int(arr.max()),
+        "evicted_blocks": stats.evicted_blocks,
+        "subtree_blocks": stats.subtree_blocks,
+        "in_place_evictions": stats.in_place_evictions,
+        "window_evictions": stats.window_evictions,
+        "in_place_growths": engine_stats.in_place_growths,
+    }
+
+
+def eviction_modes(cfg: dict[str, Any]) -> dict[str, Any]:
+    tcfg = cfg["prefix_index"]["trace"]
+    path = Path(str(tcfg["path"])) if tcfg.get("path") else None
+    if path is None or not path.is_file():
+        return {"skipped": f"no trace file at {path}"}
+    records = load_trace(path, int(tcfg["max_requests"]), int(tcfg["max_input"]))
+    bs = int(cfg["block_size"])
+    out: dict[str, Any] = {
+        "trace": str(path),
+        "records": len(records),
+        "max_input": int(tcfg["max_input"]),
+        "concurrency": int(tcfg["concurrency"]),
+        "block_size": bs,
+        "pools": [],
+    }
+    for pool in (int(p) for p in tcfg["pool_blocks"]):
+        modes = [replay(records, mode, pool, bs, int(tcfg["concurrency"])) for mode in EvictionMode]
+        lru = modes[0]["hit_rate"]
+        for m in modes:
+            m["hit_rate_points_vs_lru"] = 100.0 * (m["hit_rate"] - lru)
+        out["pools"].append({"pool_blocks": pool, "modes": modes})
+    return out
+
+
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
     contexts = [int(c) for c in cfg["prefix_index"]["contexts"]]
     return {
         "per_token": [per_token(cfg, c) for c in contexts],
         "hit_lookup": [hit_lookup(cfg, c) for c in contexts],
         "fixed_cost": fixed_cost(cfg),
+        "eviction_modes": eviction_modes(cfg),
         "c_list_reader": prefix_module.pylist_available(),
         "hash_function": _hash_name(),
         "stats_fields": [f.name for f in dataclasses.fields(prefix_module.PrefixStats)],

@@ -64,6 +64,35 @@ def headline_rows(section: dict[str, Any], contexts: list[int]) -> list[dict[str
                 f"list: {e['tagma_from_list']['median']:.1f} us ({e['speedup_from_list']:.1f}x)",
             )
         )
+    modes = section.get("eviction_modes", {})
+    for pool in modes.get("pools", []):
+        by_mode = {m["mode"]: m for m in pool["modes"]}
+        lru, contiguous = by_mode["lru"], by_mode["contiguous"]
+        where = f"{modes['records']} trace requests, pool {pool['pool_blocks']} blocks"
+        rows.append(
+            row(
+                f"eviction: hit rate, contiguous vs exact LRU ({where})",
+                None,
+                100.0 * lru["hit_rate"],
+                100.0 * contiguous["hit_rate"],
+                "%",
+                TARGETS["prefix_eviction_hit_rate"],
+                note=f"engine-level replay (no vLLM scheduler); in_place mode "
+                f"{100.0 * by_mode['in_place']['hit_rate']:.2f}%",
+            )
+        )
+        rows.append(
+            row(
+                f"eviction: ranges per request, contiguous vs exact LRU ({where})",
+                None,
+                lru["ranges_mean"],
+                contiguous["ranges_mean"],
+                "ranges",
+                note=f"p99 {lru['ranges_p99']:.0f} (LRU) vs {contiguous['ranges_p99']:.0f} (contiguous); "
+                f"in_place mean {by_mode['in_place']['ranges_mean']:.2f}, p99 "
+                f"{by_mode['in_place']['ranges_p99']:.0f}",
+            )
+        )
     f = section["fixed_cost"]
     rows.append(
         row(
