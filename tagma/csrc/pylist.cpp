@@ -1,6 +1,6 @@
-// Token ids from Python to int32, read in C through the CPython API (libtagma_pylist.so, loaded with
-// ctypes.PyDLL so that the GIL is held and a raised exception propagates). Kept out of libtagma so that
-// the engine itself never links Python.
+// Token ids from Python to int32, read in C through the CPython API (libtagma_pylist.so, a CPython
+// extension module loaded by tagma/prefix_index.py; it calls the engine through function addresses the
+// binding passes). Kept out of libtagma so that the engine itself never links Python.
 //
 // vLLM hands token ids over as Python lists of ints (Request.prompt_token_ids; all_token_ids is a
 // ConstantList whose `_x` is the list). Converting 128K of them with array.array('i', lst) costs tens of ns
@@ -49,16 +49,11 @@ inline bool token_value(PyObject* item, int64_t index, int32_t* out) {
   return true;
 }
 
-}  // namespace
-
-extern "C" {
-
 // Writes int32(seq[start + i]) into out[i] for i in [0, min(stop, len(seq)) - start) and returns that
 // count; seq is a list, a tuple, or an object whose `_x` attribute is a list (vLLM's ConstantList).
 // capacity must be >= the count. On error: -1 with a Python exception set (TypeError for a non-int item or
 // another sequence type, OverflowError outside int32, ValueError for bad bounds).
-__attribute__((visibility("default"))) int64_t tagma_py_tokens_into(PyObject* seq, int64_t start, int64_t stop,
-                                                                     int32_t* out, int64_t capacity) {
+int64_t tokens_into(PyObject* seq, int64_t start, int64_t stop, int32_t* out, int64_t capacity) {
   PyObject* owned = nullptr;
   if (!PyList_Check(seq) && !PyTuple_Check(seq)) {
     owned = PyObject_GetAttrString(seq, "_x");
@@ -100,47 +95,93 @@ __attribute__((visibility("default"))) int64_t tagma_py_tokens_into(PyObject* se
 
 // One crossing for a prefix-index call on a token list: converts seq[start:stop] into a thread-local
 // buffer, then calls the engine function `fn` (its address, from the engine library the binding loaded):
-//   op 0: tagma_prefix_lookup(h, ns, tokens, count, max_blocks, ids_out, result)
-//   op 1: tagma_prefix_lookup_attach(h, ns, request, tokens, count, max_blocks, result)
-//   op 2: tagma_prefix_insert(h, ns, request, tokens, start, count, result)
-// Returns the engine's status (read tagma_last_error on non-zero), or -1 with a Python exception set when
-// the tokens cannot be converted (nothing was called then).
-__attribute__((visibility("default"))) int32_t tagma_py_prefix_call(void* fn, int32_t op, uint64_t h, uint64_t ns,
-                                                                     uint64_t request, PyObject* seq, int64_t start,
-                                                                     int64_t stop, int64_t max_blocks,
-                                                                     int32_t* ids_out, int64_t* result) {
+//   op 0: tagma_prefix_lookup(h, ns, tokens, count, max_blocks, ids_out, &result)
+//   op 1: tagma_prefix_lookup_attach(h, ns, request, tokens, count, max_blocks, &result)
+//   op 2: tagma_prefix_insert(h, ns, request, tokens, start, count, &result)
+// Returns the result (>= 0) on TAGMA_OK, else -status (read tagma_last_error), or -100 with a Python
+// exception set when the tokens cannot be converted (nothing was called then).
+int64_t prefix_call(void* fn, int op, uint64_t h, uint64_t ns, uint64_t request, PyObject* seq,
+                           int64_t start, int64_t stop, int64_t max_blocks, int32_t* ids_out) {
   thread_local std::vector<int32_t> buffer;
-  if (fn == nullptr || op < 0 || op > 2) {
-    PyErr_SetString(PyExc_ValueError, "tagma_py_prefix_call: bad function or op");
-    return -1;
+  Py_ssize_t size = 0;
+  if (PyList_Check(seq) || PyTuple_Check(seq)) {
+    size = Py_SIZE(seq);
+  } else {
+    size = PyObject_Length(seq);
+    if (size < 0) return -100;
   }
-  const Py_ssize_t size = PyObject_Length(seq);
-  if (size < 0) return -1;
   const int64_t end = stop < size ? stop : size;
   if (start < 0 || end < start) {
     PyErr_Format(PyExc_ValueError, "token bounds [%lld, %lld) are invalid for %lld tokens",
                  static_cast<long long>(start), static_cast<long long>(stop), static_cast<long long>(size));
-    return -1;
+    return -100;
   }
   try {
     if (static_cast<size_t>(end - start) > buffer.size()) buffer.resize(static_cast<size_t>(end - start));
   } catch (const std::bad_alloc&) {
     PyErr_NoMemory();
-    return -1;
+    return -100;
   }
-  const int64_t count = tagma_py_tokens_into(seq, start, end, buffer.data(), static_cast<int64_t>(buffer.size()));
-  if (count < 0) return -1;
+  const int64_t count = tokens_into(seq, start, end, buffer.data(), static_cast<int64_t>(buffer.size()));
+  if (count < 0) return -100;
+  int64_t result = 0;
+  tagma_status status;
   switch (op) {
     case 0:
-      return reinterpret_cast<decltype(&tagma_prefix_lookup)>(fn)(h, ns, buffer.data(), count, max_blocks, ids_out,
-                                                                  result);
+      status = reinterpret_cast<decltype(&tagma_prefix_lookup)>(fn)(h, ns, buffer.data(), count, max_blocks,
+                                                                    ids_out, &result);
+      break;
     case 1:
-      return reinterpret_cast<decltype(&tagma_prefix_lookup_attach)>(fn)(h, ns, request, buffer.data(), count,
-                                                                         max_blocks, result);
+      status = reinterpret_cast<decltype(&tagma_prefix_lookup_attach)>(fn)(h, ns, request, buffer.data(), count,
+                                                                           max_blocks, &result);
+      break;
     default:
-      return reinterpret_cast<decltype(&tagma_prefix_insert)>(fn)(h, ns, request, buffer.data(), start, count,
-                                                                  result);
+      status = reinterpret_cast<decltype(&tagma_prefix_insert)>(fn)(h, ns, request, buffer.data(), start, count,
+                                                                    &result);
   }
+  return status == TAGMA_OK ? result : -static_cast<int64_t>(status);
 }
 
-}  // extern "C"
+// prefix_call(fn, op, h, ns, request, seq, start, stop, max_blocks, ids_out) -> int: the result (>= 0), or
+// -status when the engine refused (the caller raises with tagma_last_error). fn and ids_out are addresses
+// (ids_out 0: none). A CPython fastcall: no ctypes machinery on the hot path.
+PyObject* py_prefix_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 10) {
+    PyErr_Format(PyExc_TypeError, "prefix_call takes 10 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  void* fn = PyLong_AsVoidPtr(args[0]);
+  const long op = PyLong_AsLong(args[1]);
+  const unsigned long long h = PyLong_AsUnsignedLongLong(args[2]);
+  const unsigned long long ns = PyLong_AsUnsignedLongLong(args[3]);
+  const unsigned long long request = PyLong_AsUnsignedLongLong(args[4]);
+  const long long start = PyLong_AsLongLong(args[6]);
+  const long long stop = PyLong_AsLongLong(args[7]);
+  const long long max_blocks = PyLong_AsLongLong(args[8]);
+  void* ids_out = args[9] == Py_None ? nullptr : PyLong_AsVoidPtr(args[9]);
+  if (PyErr_Occurred()) return nullptr;
+  if (fn == nullptr || op < 0 || op > 2) {
+    PyErr_SetString(PyExc_ValueError, "prefix_call: bad function address or op");
+    return nullptr;
+  }
+  const int64_t out = prefix_call(fn, static_cast<int>(op), h, ns, request, args[5], start, stop, max_blocks,
+                                  static_cast<int32_t*>(ids_out));
+  if (out == -100 && PyErr_Occurred()) return nullptr;
+  return PyLong_FromLongLong(out);
+}
+
+PyMethodDef methods[] = {
+    {"prefix_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(py_prefix_call)),
+     METH_FASTCALL, "A prefix-index engine call on a token list (see pylist.cpp)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "libtagma_pylist", "tagma's token-list reader", -1, methods,
+                      nullptr, nullptr, nullptr, nullptr};
+
+}  // namespace
+
+// Loaded by tagma/prefix_index.py with importlib's ExtensionFileLoader under the name libtagma_pylist.
+extern "C" __attribute__((visibility("default"))) PyObject* PyInit_libtagma_pylist(void) {
+  return PyModule_Create(&module);
+}
