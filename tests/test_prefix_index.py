@@ -19,14 +19,14 @@ def _index(num_blocks: int = 256, mode: EvictionMode | str = EvictionMode.LRU) -
     return PrefixIndex(RangeEngine(num_blocks), BS, mode)
 
 
-def _compute(index: PrefixIndex, ns: int, tokens: list[int]) -> tuple[int, int]:
+def _compute(index: PrefixIndex, ns: int, tokens: list[int], bs: int = BS) -> tuple[int, int]:
     """Admit a request as a scheduler would (hit at most len - 1 tokens), give it blocks, index it.
 
     Returns (request, hit blocks)."""
     eng = index.engine
     req = eng.create_request()
-    hit = index.lookup_attach(ns, req, tokens, (len(tokens) - 1) // BS)
-    need = -(-len(tokens) // BS) - hit
+    hit = index.lookup_attach(ns, req, tokens, (len(tokens) - 1) // bs)
+    need = -(-len(tokens) // bs) - hit
     if need:
         eng.append_runs(req, need)
     index.insert(ns, req, tokens)
@@ -267,3 +267,56 @@ def test_bench_section_rows_at_a_tiny_size(tmp_path) -> None:  # type: ignore[no
     assert all(isinstance(r["met"], bool) for r in targeted)
     report.plot(result, tmp_path / "prefix_index.png")
     assert (tmp_path / "prefix_index.png").stat().st_size > 1000
+
+
+def test_hit_lengths_equal_vllms_kv_cache_manager_on_a_cold_sequence() -> None:
+    """The same request sequence through vLLM's own KVCacheManager (sha256 block hashes) and through the
+    index: every request gets the same hit, including requests with another cache_salt."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    from benchmarks.host.manager_ops import kv_cache_config
+
+    bs = 16
+    init_none_hash(sha256)
+    manager = KVCacheManager(
+        kv_cache_config(2048, bs),
+        max_model_len=4096,
+        scheduler_block_size=bs,
+        hash_block_size=bs,
+        enable_caching=True,
+        log_stats=True,
+    )
+    index = PrefixIndex(RangeEngine(2048), bs)
+    hasher = get_request_block_hasher(bs, sha256)
+    rng = np.random.default_rng(11)
+    stems = [rng.integers(0, 1000, size=int(rng.integers(0, 120))).tolist() for _ in range(5)]
+    from vllm.v1.request import Request
+
+    hits = 0
+    for i in range(60):
+        tail = rng.integers(0, 4, size=int(rng.integers(1, 60))).tolist()
+        tokens = stems[int(rng.integers(len(stems)))] + tail
+        salt = "other" if i % 7 == 3 else None
+        params = SamplingParams(max_tokens=8)
+        req = Request(
+            request_id=str(i),
+            prompt_token_ids=tokens,
+            sampling_params=params,
+            pooling_params=None,
+            cache_salt=salt,
+            block_hasher=hasher,
+        )
+        computed, vllm_hit, *_ = manager.get_computed_blocks(req)
+        assert manager.allocate_slots(req, len(tokens) - vllm_hit, vllm_hit, computed) is not None
+        ns = index.namespace((salt, None, ()))
+        ours, hit = _compute(index, ns, tokens, bs)
+        assert hit * bs == vllm_hit, i
+        hits += hit
+        if rng.random() < 0.6:
+            manager.free(req)
+            index.engine.release(ours)
+    assert hits > 20  # prefixes were shared
+
