@@ -60,7 +60,7 @@ _SIGNATURES: Final[dict[str, tuple[Any, list[Any]]]] = {
 
 _PYLIST_NAME: Final = "libtagma_pylist.so"
 _bound: ctypes.CDLL | None = None
-_pylist: Any = None  # the bound tagma_py_tokens_into, False when the library is not there
+_pylist: Any = None  # the reader extension's module, False when it is not there
 _lock = threading.Lock()
 
 
@@ -130,7 +130,7 @@ def _bind() -> ctypes.CDLL:
                     assert spec is not None
                     module = importlib.util.module_from_spec(spec)
                     loader.exec_module(module)
-                    reader = module.prefix_call
+                    reader = module
                 except (ImportError, OSError, AttributeError):
                     reader = False
             _pylist = reader
@@ -166,6 +166,7 @@ class PrefixIndex:
         "_lib",
         "_namespaces",
         "_reader",
+        "_tokens_into",
         "_stats",
         "_stats_p",
         "block_size",
@@ -189,7 +190,8 @@ class PrefixIndex:
         self._f_clear = lib.tagma_prefix_clear
         self._f_stats = lib.tagma_prefix_stats_get
         self._f_mode = lib.tagma_prefix_set_eviction_mode
-        self._reader = _pylist
+        self._reader = _pylist.prefix_call if _pylist else False
+        self._tokens_into = _pylist.tokens_into if _pylist else None
         self._i64 = _I64(0)
         self._i64_p = ctypes.addressof(self._i64)
         self._stats = _CPrefixStats()
@@ -210,6 +212,18 @@ class PrefixIndex:
         if ns is None:
             ns = self._namespaces[key] = len(self._namespaces)
         return ns
+
+    def tokens_array(self, token_ids: Sequence[int], start: int = 0, stop: int | None = None) -> I32Array:
+        """``token_ids[start:stop]`` as a new int32 array (read in C where the reader is built): convert a
+        request's prompt once and pass the array to later calls, which then read it in place."""
+        end = len(token_ids) if stop is None else min(stop, len(token_ids))
+        if start < 0 or end < start:
+            raise ValueError(f"token bounds [{start}, {end}) are invalid for {len(token_ids)} tokens")
+        if self._tokens_into is None or type(token_ids) is np.ndarray:
+            return np.array(token_ids[start:end], dtype=np.int32)
+        out = np.empty(end - start, dtype=np.int32)
+        self._tokens_into(token_ids, start, end, out.ctypes.data, out.size)
+        return out
 
     # ---- operations
 

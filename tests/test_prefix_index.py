@@ -62,6 +62,21 @@ def test_every_token_container_gives_the_same_hits(kind: str) -> None:
     np.testing.assert_array_equal(index.engine.blocks(fresh), index.engine.blocks(req)[:4])
 
 
+def test_tokens_array_converts_once_for_later_calls() -> None:
+    index = _index()
+    tokens = list(range(100, 100 + 5 * BS + 2))
+    req, _ = _compute(index, 0, tokens)
+    arr = index.tokens_array(ConstantList(tokens))
+    assert arr.dtype == np.int32 and arr.tolist() == tokens
+    np.testing.assert_array_equal(index.tokens_array(tokens, 3, 9), np.array(tokens[3:9], dtype=np.int32))
+    assert index.lookup(0, arr) == 5
+    with pytest.raises(OverflowError):
+        index.tokens_array([1, 2**33])
+    with pytest.raises(ValueError):
+        index.tokens_array(tokens, 5, 2)
+    index.engine.release(req)
+
+
 def test_hit_lengths_match_a_model_of_vllms_chained_block_hashes() -> None:
     """Cold regime (no eviction): the hit of each request is the longest prefix of full blocks some earlier
     request computed, as vLLM's per-block chained hashes give it."""

@@ -170,7 +170,29 @@ PyObject* py_prefix_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return PyLong_FromLongLong(out);
 }
 
+// tokens_into(seq, start, stop, out, capacity) -> int: writes int32(seq[start:stop]) (stop clipped to the
+// length) at address `out` (capacity int32 entries) and returns how many.
+PyObject* py_tokens_into(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5) {
+    PyErr_Format(PyExc_TypeError, "tokens_into takes 5 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  const long long start = PyLong_AsLongLong(args[1]);
+  long long stop = PyLong_AsLongLong(args[2]);
+  void* out = PyLong_AsVoidPtr(args[3]);
+  const long long capacity = PyLong_AsLongLong(args[4]);
+  if (PyErr_Occurred()) return nullptr;
+  const Py_ssize_t size = PyObject_Length(args[0]);
+  if (size < 0) return nullptr;
+  if (stop > size) stop = size;
+  const int64_t count = tokens_into(args[0], start, stop, static_cast<int32_t*>(out), capacity);
+  if (count < 0) return nullptr;
+  return PyLong_FromLongLong(count);
+}
+
 PyMethodDef methods[] = {
+    {"tokens_into", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(py_tokens_into)),
+     METH_FASTCALL, "int32 token ids of seq[start:stop] into a buffer (see pylist.cpp)."},
     {"prefix_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(py_prefix_call)),
      METH_FASTCALL, "A prefix-index engine call on a token list (see pylist.cpp)."},
     {nullptr, nullptr, 0, nullptr},
