@@ -83,6 +83,17 @@ class Engine {
   tagma_prefix_stats prefix_stats() const;
 
  private:
+  // prefix_index.cpp: the prefix index, when enabled; it owns every cache reference then.
+  PrefixIndex& prefix_index();
+  int64_t prefix_walk(uint64_t ns, const int32_t* tokens, int64_t num_tokens, int64_t max_blocks, int32_t* out);
+  void prefix_forget(uint64_t id);
+  int64_t prefix_evict(int32_t block, FreeRunBuilder& freed);
+  int64_t prefix_evict_window(int32_t start, int64_t count);
+  int64_t prefix_make_room(const Request& request, int64_t count);
+  std::unique_ptr<PrefixIndex> prefix_;
+  std::vector<int32_t> attach_scratch_;  // prefix_lookup_attach: the hit blocks
+  std::vector<int32_t> prefix_evicted_;  // prefix_make_room: blocks freed, in order (reserved: never grows)
+
   // A block evicted by append, remembered so the eviction can be undone when the append then fails.
   struct Eviction {
     int32_t block;
@@ -124,17 +135,6 @@ class Engine {
   Counters counters_;
   std::vector<int32_t> append_scratch_;  // append_runs: the new block ids before they become runs
   int64_t growth_hint_ = 0;  // during append_runs: blocks the request expects from this append on (0: none)
-
-  // prefix_index.cpp: the prefix index, when enabled; it owns every cache reference then.
-  PrefixIndex& prefix_index();
-  int64_t prefix_walk(uint64_t ns, const int32_t* tokens, int64_t num_tokens, int64_t max_blocks, int32_t* out);
-  void prefix_forget(uint64_t id);
-  int64_t prefix_evict(int32_t block, FreeRunBuilder& freed);
-  int64_t prefix_evict_window(int32_t start, int64_t count);
-  int64_t prefix_make_room(const Request& request, int64_t count);
-  std::unique_ptr<PrefixIndex> prefix_;
-  std::vector<int32_t> attach_scratch_;  // prefix_lookup_attach: the hit blocks
-  std::vector<int32_t> prefix_evicted_;  // prefix_make_room: blocks freed, in order (reserved: never grows)
 };
 
 }  // namespace tagma

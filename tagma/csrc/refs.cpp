@@ -63,6 +63,7 @@ void Engine::check_attachable(const Request& request, const int32_t* block_ids, 
 
 void Engine::release_request(uint64_t id) {
   const Request& request = find_request(id);
+  if (prefix_) prefix_forget(id);  // the request's place in the prefix index
   FreeRunBuilder freed(free_list_);
   const std::vector<Range>& ranges = request.ranges();
   for (auto range = ranges.rbegin(); range != ranges.rend(); ++range) {
@@ -70,7 +71,6 @@ void Engine::release_request(uint64_t id) {
   }
   freed.flush();
   range_counts_.remove(request.num_ranges());
-  if (prefix_) prefix_forget(id);
   requests_.erase(id);
 }
 
