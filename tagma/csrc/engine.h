@@ -6,9 +6,10 @@
 #define TAGMA_ENGINE_H
 
 #include <cstdint>
-#include <memory>
 #include <unordered_map>
 #include <vector>
+
+#include <memory>  // the prefix index
 
 #include "free_list.h"
 #include "lru.h"
