@@ -53,6 +53,7 @@ PrefixIndex::PrefixIndex(int32_t num_blocks, int32_t block_size, EvictionMode mo
   next_sibling_.assign(n, kNone);
   prev_sibling_.assign(n, kNone);
   generation_.assign(n, 0);
+  in_table_.assign(n, 0);
   first_child_.assign(n, kNone);
   stack_.reserve(n);
 }
@@ -77,19 +78,29 @@ int32_t PrefixIndex::root(uint64_t ns) {
 void PrefixIndex::add_child(int32_t parent, int32_t block, const int32_t* tokens) {
   const auto b = static_cast<size_t>(block);
   std::memcpy(tokens_.data() + b * static_cast<size_t>(block_size_), tokens, token_bytes_);
-  const size_t slot = find_slot(key(parent, tokens[0]));
-  if (slots_[slot].head == kNone) {
-    slots_[slot].key = key(parent, tokens[0]);
-    next_same_[b] = kNone;
-  } else {
-    next_same_[b] = slots_[slot].head;
-  }
-  slots_[slot].head = block;
   const auto p = static_cast<size_t>(parent);
-  next_sibling_[b] = first_child_[p];
-  prev_sibling_[b] = kNone;
-  if (first_child_[p] != kNone) prev_sibling_[static_cast<size_t>(first_child_[p])] = block;
-  first_child_[p] = block;
+  const int32_t first = first_child_[p];
+  next_same_[b] = kNone;
+  if (first == kNone) {  // the first child: found by its parent, not through the table
+    first_child_[p] = block;
+    next_sibling_[b] = kNone;
+    prev_sibling_[b] = kNone;
+    in_table_[b] = 0;
+  } else {  // a later child: into the table, and after the first in the child list
+    const size_t slot = find_slot(key(parent, tokens[0]));
+    if (slots_[slot].head == kNone) {
+      slots_[slot].key = key(parent, tokens[0]);
+    } else {
+      next_same_[b] = slots_[slot].head;
+    }
+    slots_[slot].head = block;
+    in_table_[b] = 1;
+    const auto f = static_cast<size_t>(first);
+    next_sibling_[b] = next_sibling_[f];
+    prev_sibling_[b] = first;
+    if (next_sibling_[f] != kNone) prev_sibling_[static_cast<size_t>(next_sibling_[f])] = block;
+    next_sibling_[f] = block;
+  }
   parent_[b] = parent;
   ++num_nodes_;
 }
@@ -97,14 +108,17 @@ void PrefixIndex::add_child(int32_t parent, int32_t block, const int32_t* tokens
 void PrefixIndex::detach(int32_t block) {
   const auto b = static_cast<size_t>(block);
   const int32_t parent = parent_[b];
-  const size_t slot = find_slot(key(parent, block_tokens(block)[0]));
-  if (slots_[slot].head == block) {
-    slots_[slot].head = next_same_[b];
-    if (slots_[slot].head == kNone) erase_slot(slot);
-  } else {
-    int32_t before = slots_[slot].head;
-    while (next_same_[static_cast<size_t>(before)] != block) before = next_same_[static_cast<size_t>(before)];
-    next_same_[static_cast<size_t>(before)] = next_same_[b];
+  if (in_table_[b] != 0) {
+    const size_t slot = find_slot(key(parent, block_tokens(block)[0]));
+    if (slots_[slot].head == block) {
+      slots_[slot].head = next_same_[b];
+      if (slots_[slot].head == kNone) erase_slot(slot);
+    } else {
+      int32_t before = slots_[slot].head;
+      while (next_same_[static_cast<size_t>(before)] != block) before = next_same_[static_cast<size_t>(before)];
+      next_same_[static_cast<size_t>(before)] = next_same_[b];
+    }
+    in_table_[b] = 0;
   }
   next_same_[b] = kNone;
   if (prev_sibling_[b] != kNone) {
@@ -140,6 +154,7 @@ void PrefixIndex::reset() {
   std::fill(next_same_.begin(), next_same_.end(), kNone);
   std::fill(next_sibling_.begin(), next_sibling_.end(), kNone);
   std::fill(prev_sibling_.begin(), prev_sibling_.end(), kNone);
+  std::fill(in_table_.begin(), in_table_.end(), 0);
   first_child_.resize(static_cast<size_t>(num_blocks_));
   std::fill(first_child_.begin(), first_child_.end(), kNone);
   for (uint32_t& generation : generation_) ++generation;

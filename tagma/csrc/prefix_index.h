@@ -1,9 +1,11 @@
 // The prefix index: a trie of full blocks keyed by token ids, one trie per namespace.
 //
 // Node ids [0, num_blocks) are physical blocks (a block is indexed at most once, so the block id names its
-// node); ids from num_blocks on are namespace roots. A node stores its block's block_size token ids. The
-// children of a node are found through one open-addressing table keyed by (parent, first token), whose
-// value heads a chain of the children sharing that first token; the chain is walked comparing whole blocks.
+// node); ids from num_blocks on are namespace roots. A node stores its block's block_size token ids. A
+// node's first child is compared directly (most nodes have one child: a prompt's chain); its later children
+// are found through one open-addressing table keyed by (parent, first token), whose value heads a chain of
+// the children sharing that first token, walked comparing whole blocks. New children go after the first in
+// the child list, so every child is either its parent's first child or in the table.
 // Every table is sized when the index is built (a node per block at most), so adding a node never
 // allocates. This class knows nothing of reference counts: the engine (prefix_index.cpp) keeps them.
 #ifndef TAGMA_PREFIX_INDEX_H
@@ -74,6 +76,11 @@ class PrefixIndex {
 
   // The child of `node` whose block holds tokens[0, block_size), or kNone.
   int32_t find_child(int32_t node, const int32_t* tokens) const {
+    // Most nodes have one child (a prompt's chain): try the first child before the table.
+    const int32_t first = first_child_[static_cast<size_t>(node)];
+    if (first == kNone) return kNone;
+    if (std::memcmp(block_tokens(first), tokens, token_bytes_) == 0) return first;
+    if (next_sibling_[static_cast<size_t>(first)] == kNone) return kNone;  // an only child
     const Slot& slot = slots_[find_slot(key(node, tokens[0]))];
     for (int32_t child = slot.head; child != kNone; child = next_same_[static_cast<size_t>(child)]) {
       if (std::memcmp(block_tokens(child), tokens, token_bytes_) == 0) return child;
@@ -135,6 +142,7 @@ class PrefixIndex {
   std::vector<int32_t> next_sibling_;  // per block: the parent's child list (doubly linked)
   std::vector<int32_t> prev_sibling_;
   std::vector<uint32_t> generation_;   // per block: bumped when its node is removed
+  std::vector<uint8_t> in_table_;      // per block: in the table (else its parent's first child)
   std::vector<int32_t> first_child_;   // per node (blocks, then roots)
   std::unordered_map<uint64_t, int32_t> roots_;
   std::vector<int32_t> stack_;  // remove_subtree's work list, reserved for every block
@@ -150,8 +158,11 @@ void PrefixIndex::remove_subtree(int32_t block, Visit&& visit) {
     stack_.pop_back();
     const auto n = static_cast<size_t>(node);
     for (int32_t child = first_child_[n]; child != kNone; child = next_sibling_[static_cast<size_t>(child)]) {
-      const size_t slot = find_slot(key(node, block_tokens(child)[0]));
-      if (slots_[slot].head != kNone) erase_slot(slot);  // children sharing a first token share the slot
+      if (in_table_[static_cast<size_t>(child)] != 0) {
+        const size_t slot = find_slot(key(node, block_tokens(child)[0]));
+        if (slots_[slot].head != kNone) erase_slot(slot);  // children sharing a first token share the slot
+        in_table_[static_cast<size_t>(child)] = 0;
+      }
       stack_.push_back(child);
     }
     first_child_[n] = kNone;

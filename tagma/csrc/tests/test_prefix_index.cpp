@@ -474,3 +474,26 @@ TEST(prefix_random_operations_keep_the_invariants) {
     CHECK_EQ(engine.stats().used_blocks, 0);
   }
 }
+
+TEST(prefix_later_children_stay_reachable_when_the_first_child_is_evicted) {
+  TestEngine engine(5);  // usable 1..4: P, A, B, C
+  enable(engine, 2, TAGMA_EVICT_LRU);
+  const uint64_t a = compute(engine, 0, {1, 1, 2, 2}, 2);  // P, then A (P's first child)
+  const uint64_t b = compute(engine, 0, {1, 1, 2, 3}, 2);  // B: same first token as A
+  const uint64_t c = compute(engine, 0, {1, 1, 5, 5}, 2);  // C: another first token
+  const int32_t first_child = engine.blocks(a)[1];
+  engine.release(a);  // LRU: A (P is still held by b and c)
+  CHECK_EQ(engine.lru(), (std::vector<int32_t>{first_child}));
+  const uint64_t r = engine.new_request();
+  CHECK_EQ(engine.append(r, 1), (std::vector<int32_t>{first_child}));  // evicts A
+  CHECK_EQ(lookup(engine, 0, {1, 1, 2, 2}).size(), 1u);
+  CHECK_EQ(lookup(engine, 0, {1, 1, 2, 3}), engine.blocks(b));
+  CHECK_EQ(lookup(engine, 0, {1, 1, 5, 5}), engine.blocks(c));
+  // A new child goes after the current first child, and everything stays reachable.
+  engine.release(r);
+  const uint64_t d = compute(engine, 0, {1, 1, 7, 7}, 2);
+  CHECK_EQ(lookup(engine, 0, {1, 1, 7, 7}), engine.blocks(d));
+  CHECK_EQ(lookup(engine, 0, {1, 1, 2, 3}), engine.blocks(b));
+  CHECK_EQ(lookup(engine, 0, {1, 1, 5, 5}), engine.blocks(c));
+  check_prefix_invariants(engine);
+}
