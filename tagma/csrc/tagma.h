@@ -229,9 +229,9 @@ tagma_status tagma_coord_offset(const tagma_coord_layout *layout, int64_t layer,
  *
  * An engine may carry one prefix index, enabled once with tagma_prefix_enable (align must be 1). It is a
  * trie per namespace whose nodes are full blocks: a node stores its block's block_size token ids and is
- * the physical block holding their KV; a child is found by its first token (a table lookup keyed by
- * (parent, token)) then a compare of the whole block, so lookup and insert cost O(tokens) compares with no
- * copy. The namespace (uint64, chosen by the caller; e.g. an interned (cache_salt, LoRA, extra keys)) picks
+ * the physical block holding their KV; a node's first child is compared directly, its other children are
+ * found by their first token (a table lookup keyed by (parent, token)) then a compare of the whole block,
+ * so lookup and insert cost O(tokens) compares with no copy. The namespace (uint64, chosen by the caller; e.g. an interned (cache_salt, LoRA, extra keys)) picks
  * the root: blocks of different namespaces are never shared.
  *
  * An indexed block holds the index's cache reference (exactly one). When its requests release it, it is
