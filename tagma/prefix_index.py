@@ -12,12 +12,13 @@ Token ids come from vLLM as Python lists (``Request.prompt_token_ids``; ``all_to
 engine (``METH_FASTCALL``, no ctypes machinery), which reads the items in place into a thread-local int32
 buffer and calls the engine function through its address. A numpy int32 array is passed in place; any other
 sequence, or a build without the Python headers, goes through ``array.array('i', ...)``.
-Measured on this project's 2-core CPU machine, loaded (131,072 random ids below 128,000, best of 5):
-``array.array('i', lst)`` 35 ns/token, ``np.array(lst, dtype=np.int32)`` 68, ``np.fromiter`` 52; a 128K
-lookup from the list through the reader 6.4 ns/token all in (conversion included; 1.6-2 ns/token at 16K,
-where the ints stay in cache), from an int32 array 0.6-1.1 ns/token. A one-block lookup from a list cost
-0.56 us against 0.9 us for a bare 3-argument ctypes call of the engine in the same run (the reader's call
-path is cheaper than ctypes'). ``make bench-host`` (section ``prefix_index``) re-measures all of this.
+Measured on this project's 2-core CPU machine, loaded, outside ``make bench-host`` (131,072 random ids
+below 128,000, block 16, medians of 7): ``array.array('i', lst)`` 16-35 ns/token, ``np.array(lst,
+dtype=np.int32)`` 68, ``np.fromiter`` 52; the index from int32 tokens: insert 0.58 + lookup 0.23 ns/token;
+from the list through the reader: insert 2.25 + lookup 1.15 ns/token (conversion included), against 142
+ns/token for vLLM's sha256 block hashing in the same run. A one-block lookup from a list cost 0.41 us
+against 0.55 us for a bare 3-argument ctypes call of the engine (the reader's fastcall path is cheaper
+than ctypes'). ``make bench-host`` (section ``prefix_index``) re-measures all of this.
 
 Functions are bound once (ctypes prototypes for the engine, the reader's function); a call does no
 Python-side validation that the engine repeats (it validates every argument and the binding raises its
