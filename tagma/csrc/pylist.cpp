@@ -8,6 +8,7 @@
 #include <Python.h>
 
 #include <cstdint>
+#include <cstring>
 #include <new>
 #include <vector>
 
@@ -100,9 +101,60 @@ int64_t tokens_into(PyObject* seq, int64_t start, int64_t stop, int32_t* out, in
 //   op 2: tagma_prefix_insert(h, ns, request, tokens, start, count, &result)
 // Returns the result (>= 0) on TAGMA_OK, else -status (read tagma_last_error), or -100 with a Python
 // exception set when the tokens cannot be converted (nothing was called then).
+int64_t call_engine(void* fn, int op, uint64_t h, uint64_t ns, uint64_t request, const int32_t* tokens,
+                    int64_t start, int64_t count, int64_t max_blocks, int32_t* ids_out) {
+  int64_t result = 0;
+  tagma_status status;
+  switch (op) {
+    case 0:
+      status = reinterpret_cast<decltype(&tagma_prefix_lookup)>(fn)(h, ns, tokens, count, max_blocks, ids_out,
+                                                                    &result);
+      break;
+    case 1:
+      status = reinterpret_cast<decltype(&tagma_prefix_lookup_attach)>(fn)(h, ns, request, tokens, count,
+                                                                           max_blocks, &result);
+      break;
+    default:
+      status = reinterpret_cast<decltype(&tagma_prefix_insert)>(fn)(h, ns, request, tokens, start, count, &result);
+  }
+  return status == TAGMA_OK ? result : -static_cast<int64_t>(status);
+}
+
+// The same call on an int32 buffer (a numpy int32 array, array.array('i')): read in place, no copy.
+int64_t buffer_call(void* fn, int op, uint64_t h, uint64_t ns, uint64_t request, PyObject* obj, int64_t start,
+                    int64_t stop, int64_t max_blocks, int32_t* ids_out) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -100;
+  const char* format = view.format != nullptr ? view.format : "B";
+  const size_t length = std::strlen(format);
+  const bool int32 = view.itemsize == 4 && view.ndim == 1 && length > 0 && format[length - 1] == 'i' &&
+                     (length == 1 || format[0] == '=' || format[0] == '@' || format[0] == '<');
+  if (!int32) {
+    PyBuffer_Release(&view);
+    PyErr_Format(PyExc_TypeError, "a token buffer must be 1-D native int32, got format '%s' of %zd bytes", format,
+                 view.itemsize);
+    return -100;
+  }
+  const int64_t size = view.len / 4;
+  const int64_t end = stop < size ? stop : size;
+  if (start < 0 || end < start) {
+    PyBuffer_Release(&view);
+    PyErr_Format(PyExc_ValueError, "token bounds [%lld, %lld) are invalid for %lld tokens",
+                 static_cast<long long>(start), static_cast<long long>(stop), static_cast<long long>(size));
+    return -100;
+  }
+  const int64_t out = call_engine(fn, op, h, ns, request, static_cast<const int32_t*>(view.buf) + start, start,
+                                  end - start, max_blocks, ids_out);
+  PyBuffer_Release(&view);
+  return out;
+}
+
 int64_t prefix_call(void* fn, int op, uint64_t h, uint64_t ns, uint64_t request, PyObject* seq,
                            int64_t start, int64_t stop, int64_t max_blocks, int32_t* ids_out) {
   thread_local std::vector<int32_t> buffer;
+  if (!PyList_Check(seq) && !PyTuple_Check(seq) && PyObject_CheckBuffer(seq)) {
+    return buffer_call(fn, op, h, ns, request, seq, start, stop, max_blocks, ids_out);
+  }
   Py_ssize_t size = 0;
   if (PyList_Check(seq) || PyTuple_Check(seq)) {
     size = Py_SIZE(seq);
@@ -124,22 +176,7 @@ int64_t prefix_call(void* fn, int op, uint64_t h, uint64_t ns, uint64_t request,
   }
   const int64_t count = tokens_into(seq, start, end, buffer.data(), static_cast<int64_t>(buffer.size()));
   if (count < 0) return -100;
-  int64_t result = 0;
-  tagma_status status;
-  switch (op) {
-    case 0:
-      status = reinterpret_cast<decltype(&tagma_prefix_lookup)>(fn)(h, ns, buffer.data(), count, max_blocks,
-                                                                    ids_out, &result);
-      break;
-    case 1:
-      status = reinterpret_cast<decltype(&tagma_prefix_lookup_attach)>(fn)(h, ns, request, buffer.data(), count,
-                                                                           max_blocks, &result);
-      break;
-    default:
-      status = reinterpret_cast<decltype(&tagma_prefix_insert)>(fn)(h, ns, request, buffer.data(), start, count,
-                                                                    &result);
-  }
-  return status == TAGMA_OK ? result : -static_cast<int64_t>(status);
+  return call_engine(fn, op, h, ns, request, buffer.data(), start, count, max_blocks, ids_out);
 }
 
 // prefix_call(fn, op, h, ns, request, seq, start, stop, max_blocks, ids_out) -> int: the result (>= 0), or
