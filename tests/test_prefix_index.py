@@ -37,7 +37,7 @@ def test_the_c_list_reader_is_built() -> None:
     assert pylist_available(), "libtagma_pylist.so is not next to libtagma.so (Python headers missing?)"
 
 
-@pytest.mark.parametrize("kind", ["list", "tuple", "constant_list", "numpy", "array_fallback"])
+@pytest.mark.parametrize("kind", ["list", "tuple", "constant_list", "numpy", "array_i", "array_fallback"])
 def test_every_token_container_gives_the_same_hits(kind: str) -> None:
     index = _index()
     tokens = list(range(100, 100 + 6 * BS))
@@ -49,6 +49,8 @@ def test_every_token_container_gives_the_same_hits(kind: str) -> None:
         given = ConstantList(probe)
     elif kind == "numpy":
         given = np.array(probe, dtype=np.int32)
+    elif kind == "array_i":
+        given = array.array("i", probe)
     else:
         given = probe
     if kind == "array_fallback":
@@ -143,6 +145,10 @@ def test_errors_are_raised_and_change_nothing() -> None:
         index.lookup(0, {1: 2, 3: 4, 5: 6, 7: 8})  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="int32"):
         index.lookup(0, np.arange(8, dtype=np.int64))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="int32"):
+        index.lookup(0, array.array("q", range(8)))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="int32"):
+        index.lookup(0, np.arange(16, dtype=np.int32).reshape(2, 8))
     with pytest.raises(BlockStateError):
         index.lookup_attach(0, req, tokens)  # not a fresh request
     other = index.engine.create_request()
