@@ -3,7 +3,8 @@
 vLLM's own classes and ops on one side, tagma's on the other, in one process, interleaved. Sections:
 engine_ops (native tagma_bench + ctypes), manager (KVCacheManager vs TagmaKVCacheManager), write_path
 (vLLM's CPU slot-mapping op vs range arithmetic, memcpy floor), block_table_traffic (bytes per step),
-fragmentation (per placement policy), profile (cProfile of the manager operations), inserver
+fragmentation (per placement policy), prefix_index (the engine's token-keyed index vs vLLM's block hashing
+and get_computed_blocks), profile (cProfile of the manager operations), inserver
 (KV cache manager CPU per step read from the newest ``make bench-inserver`` serve run). Sizes and repeats come
 from ``configs/host_bench.yaml`` and its ``size`` group (``size=smoke`` for a tiny run).
 
@@ -31,7 +32,8 @@ from harness.files import point_latest, write_json, write_text_atomic
 log = logging.getLogger("benchmarks.host")
 
 SECTIONS = (
-    "engine_ops", "manager", "write_path", "block_table_traffic", "fragmentation", "profile", "inserver",
+    "engine_ops", "manager", "write_path", "block_table_traffic", "fragmentation", "prefix_index", "profile",
+    "inserver",
 )  # fmt: skip
 
 
@@ -71,6 +73,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         fragmentation,
         inserver,
         manager_ops,
+        prefix_index,
         profiles,
         report,
         write_path,
@@ -125,6 +128,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "write_path": lambda: write_path.run(cfg, native_data),
         "block_table_traffic": lambda: block_table_traffic.run(cfg),
         "fragmentation": lambda: fragmentation.run(cfg),
+        "prefix_index": lambda: prefix_index.run(cfg),
         "profile": lambda: profiles.run(cfg),
         "inserver": lambda: inserver.run(cfg),  # read from a serve run (make bench-inserver), not timed
     }

@@ -17,6 +17,7 @@ from benchmarks.host.report import (
     fragmentation,
     inserver,
     manager_ops,
+    prefix_index,
     write_path,
 )
 from benchmarks.host.report.table import GUIDE, TARGETS, at, summary_table
@@ -34,8 +35,9 @@ SECTIONS: dict[str, tuple[Any, str | None]] = {
     "block_table_traffic": (block_table_traffic, "block_table_traffic.png"),
     "fragmentation": (fragmentation, "fragmentation.png"),
     "inserver": (inserver, None),  # no figure: the serve run's report has its own
+    "prefix_index": (prefix_index, "prefix_index.png"),
 }
-FIGURE_ORDER = ("engine_ops", "manager", "write_path", "block_table_traffic", "fragmentation")
+FIGURE_ORDER = ("engine_ops", "manager", "write_path", "block_table_traffic", "fragmentation", "prefix_index")
 
 
 def target_texts() -> dict[str, str]:

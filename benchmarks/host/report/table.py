@@ -13,7 +13,8 @@ class Target:
     """What tagma should reach on one headline metric, at the largest headline context.
 
     ``better`` says how ``goal`` is read: ``speedup`` (met when paged / tagma >= goal), ``ratio`` (met when
-    tagma / paged <= goal, paged being a floor such as memcpy) or ``max`` (met when tagma <= goal).
+    tagma / paged <= goal, paged being a floor such as memcpy), ``max`` (met when tagma <= goal) or ``below``
+    (met when paged - tagma <= goal, e.g. hit-rate points).
     """
 
     text: str
@@ -26,6 +27,8 @@ class Target:
             return None
         if self.better == "max":
             return tagma <= self.goal
+        if self.better == "below":  # tagma at most `goal` units below paged (e.g. hit-rate points)
+            return None if paged is None else paged - tagma <= self.goal
         if not paged:
             return None
         ratio = tagma / paged
@@ -37,6 +40,8 @@ class Target:
         """For a missed target: how far the measurement is from the goal."""
         if self.better == "max":
             return f"missed: {tagma:.3g} {unit}, {self.goal:g} allowed"
+        if self.better == "below" and paged is not None and tagma is not None:
+            return f"missed: {paged - tagma:.2f} {unit} below, {self.goal:g} allowed"
         ratio = tagma / paged if paged and tagma is not None else None
         if ratio is None:
             return "missed"
@@ -58,6 +63,9 @@ TARGETS: dict[str, Target] = {
     "block_table_bytes": Target(">= 100x fewer bytes per step", 100.0),
     "resident_bytes": Target(">= 10x fewer Python bytes per resident request than vLLM", 10.0),
     "binding_fixed": Target("< 1 us binding cost per engine crossing on hot paths", 1000.0, "max"),
+    "prefix_index_per_token": Target("<= 2 ns per prompt token (insert + lookup)", 2.0, "max"),
+    "prefix_hit_lookup_engine": Target(">= 10x cheaper than vLLM's get_computed_blocks", 10.0),
+    "prefix_eviction_hit_rate": Target("hit rate <= 1 point below exact LRU", 1.0, "below"),
     "inserver_kv_manager": Target(">= 5x lower than paged in a real server (95% interval's lower bound)",
                                   5.0),
     "fragmentation": Target("pool x0.7, saturated (paged preempts): mean <= 4, p99 <= 32 ranges/request, "
