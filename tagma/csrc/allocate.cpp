@@ -27,7 +27,7 @@ void Engine::append(uint64_t id, int64_t count, int32_t* new_blocks_out, int32_t
     const int64_t listed = std::min<int64_t>(count, static_cast<int64_t>(prefix_evicted_.size()));
     for (int64_t i = 0; evicted_out != nullptr && i < listed; ++i) evicted_out[i] = prefix_evicted_[static_cast<size_t>(i)];
     if (num_evicted != nullptr) *num_evicted = evicted;
-    allocate(request, count, new_blocks_out);
+    allocate(id, request, count, new_blocks_out);
     return;
   }
   const std::vector<Eviction> evicted = evict(std::max<int64_t>(count - free_blocks, 0));
