@@ -375,3 +375,30 @@ def test_engine_batch_binding_matches_append_runs_and_refuses_bad_input() -> Non
         a.append_runs_batch([0, 0], [1])
     assert a.free_ranges() == before and a.stats().live_requests == len(live)
     assert a.append_runs_batch([], []) == ([], [])
+
+
+def test_get_blocks_after_admission_crosses_nothing_until_the_output_reads_ids() -> None:
+    """vLLM's scheduler asks get_blocks(request_id) right after admitting a request."""
+    manager = range_manager(64)
+    reqs = [make_request(f"n{i}", list(range(5 + 4 * i))) for i in range(3)]
+    views = [manager.allocate_slots(r, r.num_tokens) for r in reqs]
+    got = [manager.get_blocks(r.request_id) for r in reqs]
+    assert all(g is v for g, v in zip(got, views, strict=True)) and manager._batch.calls == []
+    ids = [g.get_block_ids()[0] for g in got]
+    assert manager._batch.calls == [[2, 3, 4]]
+    assert ids == [manager.get_block_ids(r.request_id)[0] for r in reqs]
+    # A request with blocks from before: its whole list needs the engine (the queue is applied first).
+    r = reqs[0]
+    r.num_computed_tokens = r.num_tokens
+    r.append_output_token_ids(3)
+    r.append_output_token_ids(4)
+    r.append_output_token_ids(5)
+    r.append_output_token_ids(6)
+    grown = manager.allocate_slots(r, 4)
+    assert isinstance(grown, RangeBlocks) and grown.pending
+    whole = manager.get_blocks(r.request_id)
+    assert whole is not grown and not grown.pending
+    assert whole.get_block_ids()[0] == ids[0] + grown.get_block_ids()[0]
+    for q in reqs:
+        manager.free(q)
+    assert_no_leak(manager)

@@ -18,7 +18,8 @@ but on its hot paths no ``KVCacheBlock`` object is touched and no per-block Pyth
   count is a Python int kept beside it, so admission checks need no engine call.
 
 Which methods apply the queued appends (``_flush``) first: ``free``, ``pop_blocks_for_free``,
-``get_blocks``, ``get_block_ids``, ``engine_block_ids``, ``ranges_per_request_counts`` (telemetry),
+``get_blocks`` (except for a request that one queued entry created and fills: that entry's pending view),
+``get_block_ids``, ``engine_block_ids``, ``ranges_per_request_counts`` (telemetry),
 ``record_blocks_for_zeroing``, ``take_new_block_ids``, ``allocate_slots`` of a request whose engine request
 is still queued for creation, and every block-id accessor of a pending :class:`RangeBlocks`. A subclass that
 reads or changes engine state must call ``_flush()`` before it does.
@@ -391,6 +392,14 @@ class RangeKVCacheManager(TagmaKVCacheManager):
         return np.asarray(ids_from_runs(self._runs(request_id), self._table), dtype=np.int32)
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """The request's blocks. The scheduler asks this right after admitting a request: when one queued
+        entry created the request and holds all its blocks, that entry's pending view is the answer (no
+        crossing now; the step's queue is applied once, when the output reads the ids)."""
+        entry = self._p_new.get(request_id)
+        if entry is not None:
+            view = self._p_views[entry]
+            if view is not None and self._held.get(request_id) == self._p_counts[entry]:
+                return view
         runs = self._runs(request_id)
         if not runs:
             return self.empty_kv_cache_blocks
