@@ -35,6 +35,7 @@ from vllm.v1.request import Request, RequestStatus
 from tagma.core.block_pool import TagmaBlockPool
 from tagma.core.manager import TagmaKVCacheManager
 from tagma.core.range_manager import RangeBlocks, RangeKVCacheManager
+from tagma.engine import RangeEngine
 
 init_none_hash(sha256)
 
@@ -643,20 +644,29 @@ def test_range_manager_full_sequence_admission_watermark_and_reserved() -> None:
     assert_no_leak(twin.tagma)
 
 
+class CountingBatch:
+    """Wraps a manager's prepared batch call; records the counts of every engine crossing."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[list[int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __call__(self, n: int) -> None:
+        self.calls.append(list(self.inner.counts[:n]))
+        self.inner(n)
+
+
 def test_range_manager_decode_fast_path_makes_no_engine_call() -> None:
     manager = TagmaKVCacheManager(make_config(64), **manager_kwargs(enable_caching=False))
     assert isinstance(manager, RangeKVCacheManager)
-    calls: list[int] = []
-    append = manager._f_append_runs
-
-    def counting(*args: Any) -> int:
-        calls.append(args[2])
-        return append(*args)
-
-    manager._f_append_runs = counting
+    batch = manager._batch = CountingBatch(manager._batch)
     req = make_request("r", list(range(1, 6)))  # 5 tokens: 2 blocks of 4
     new = manager.allocate_slots(req, req.num_tokens)
-    assert isinstance(new, RangeBlocks) and calls == [2]
+    assert isinstance(new, RangeBlocks) and new.pending and len(new) == 2 and batch.calls == []
+    assert len(new.get_block_ids()[0]) == 2 and batch.calls == [[2]]  # applied when the ids are read
     req.num_computed_tokens = req.num_tokens
     req.status = RequestStatus.RUNNING
     outcomes = []
@@ -668,7 +678,7 @@ def test_range_manager_decode_fast_path_makes_no_engine_call() -> None:
         req.num_computed_tokens += 1
     # Tokens 6..13: blocks are crossed at tokens 9 and 13; every other step is the no-call fast path.
     assert outcomes == [0, 0, 0, 1, 0, 0, 0, 1]
-    assert calls == [2, 1, 1]
+    assert batch.calls == [[2], [1], [1]]
     engine_ids = manager.engine.blocks(manager.block_pool.engine_request("r")).tolist()
     assert manager.get_block_ids("r")[0] == engine_ids
     manager.free(req)
@@ -816,13 +826,13 @@ def test_range_manager_reserve_hints_prompt_plus_max_tokens_and_waits_for_room(
     )  # usable blocks [1, 41)
     assert isinstance(manager, RangeKVCacheManager)
     hints: list[int] = []
-    append = manager._f_append_runs
+    append = RangeEngine.append_runs  # a request's first append goes to the engine at once under RESERVE
 
-    def recording(*args: Any) -> int:
-        hints.append(args[3])
-        return append(*args)
+    def recording(engine: RangeEngine, request: int, count: int, hint: int = 0) -> Any:
+        hints.append(hint)
+        return append(engine, request, count, hint)
 
-    manager._f_append_runs = recording
+    monkeypatch.setattr(RangeEngine, "append_runs", recording)
     a = _reserve_request("a", 8, 72)  # 80 tokens expected: 20 blocks, [1, 21) kept for it
     assert manager.get_block_ids("a") == ([],)
     assert manager.allocate_slots(a, 8) is not None and hints == [20]
@@ -833,6 +843,10 @@ def test_range_manager_reserve_hints_prompt_plus_max_tokens_and_waits_for_room(
     c = _reserve_request("c", 8, 72)  # 20 blocks fit right after a's reservation
     assert manager.allocate_slots(c, 8) is not None
     assert manager.get_block_ids("a") == ([1, 2],) and manager.get_block_ids("c") == ([21, 22],)
+    # growth goes through the step's batched crossing, hinted: a grows in place into its reservation
+    a.num_computed_tokens = 8
+    grown = manager.allocate_slots(a, 8)
+    assert grown is not None and grown.get_block_ids() == ([3, 4],) and len(hints) == 3  # no direct call
     for req in (a, b, c):
         manager.free(req)
     assert_no_leak(manager)

@@ -7,9 +7,11 @@ The same operations as the native binary (see ``tagma/csrc/bench/bench_engine.cp
 * ``alloc_release``: create a request, append n blocks (ids returned), release it.
   Paged counterpart: vLLM's ``BlockPool.get_new_blocks(n)`` + ``free_blocks`` (prefix caching off).
 * ``grow_in_place``: append one block to a request of n blocks that has free blocks right after it.
-* ``grow_in_place_lean``: the same through the range manager's crossing (one prebound ctypes call of
-  tagma_request_append_runs into reused buffers); its binding overhead over the native loop is the fixed
-  cost per crossing.
+* ``grow_in_place_batch``: the same through the range manager's crossing: the prepared
+  :class:`tagma.engine.AppendBatch` call its ``_flush`` makes (one ``tagma_append_runs_batch`` of one entry
+  of 1 block, through a prebound prototype with one prefilled-struct argument, into reused buffers); its
+  overhead over the native loop of the same C call (tagma_bench's ``grow_in_place_batch``) is the binding's
+  fixed cost per crossing.
   Paged counterpart: vLLM's ``BlockPool.get_new_blocks(1)`` (a decode step's new block).
 * ``append_new_range``: append one block to a request of n blocks whose tail a neighbour holds (first
   fit): the block opens a new range. (No paged counterpart: a paged block is always "a new range".)
@@ -26,7 +28,6 @@ the same loop, alternating.
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +38,7 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
 from benchmarks.host.timing import calibrate, interleaved, pair_entry, summarize, timed_ns
 from tagma import engine as tagma_engine
-from tagma.engine import CoordLayout, Policy, RangeEngine
+from tagma.engine import AppendBatch, CoordLayout, Policy, RangeEngine
 
 __all__ = ["run"]
 
@@ -45,7 +46,7 @@ OPS = (
     "coord_offset",
     "alloc_release",
     "grow_in_place",
-    "grow_in_place_lean",
+    "grow_in_place_batch",
     "append_new_range",
     "prefix_share_release",
     "prefix_hit_release",
@@ -137,38 +138,34 @@ def tagma_ops(n: int, block_size: int) -> dict[str, BatchOp]:
     grow.setup, grow.run, grow.teardown = grow_setup, grow_run, grow_teardown
     ops["grow_in_place"] = grow
 
-    # The range manager's crossing for a decode block: one prebound ctypes call into reused out-buffers
-    # (tagma_request_append_runs), no Python-side validation or result objects.
+    # The range manager's crossing for a decode block: the AppendBatch call its _flush makes.
     lean = BatchOp(_noop, blocks_per_op=1)
 
     def lean_setup(batch: int) -> None:
         eng = RangeEngine(n + batch + 64, policy=Policy.HEADROOM)
         r = eng.create_request()
         eng.append(r, n)
-        runs = (ctypes.c_int32 * 2)()
-        count = ctypes.c_int64(0)
-        lean.state.update(
-            engine=eng, request=r, before=eng.stats().in_place_growths, batch=batch, runs=runs, count=count,
-            args=(eng.handle, r, 1, 0, ctypes.addressof(runs), 1, ctypes.addressof(count)),
-        )  # fmt: skip
+        step = AppendBatch(eng, capacity=1)
+        step.requests[0] = r
+        step.counts[0] = 1
+        lean.state.update(engine=eng, before=eng.stats().in_place_growths, batch=batch, step=step)
 
     def lean_run(batch: int) -> None:
-        fn = lean.state["engine"]._f_append_runs
-        args = lean.state["args"]
+        step = lean.state["step"]
         for _ in range(batch):
-            if fn(*args):
-                raise AssertionError("grow_in_place_lean: append failed")
+            step(1)
 
     def lean_teardown() -> None:
         eng = lean.state.pop("engine")
+        lean.state.pop("step")
         stats = eng.stats()
         grown = stats.in_place_growths - lean.state["before"]
         if grown != lean.state["batch"] or stats.max_request_ranges != 1:
-            raise AssertionError("grow_in_place_lean: an append did not grow in place")
+            raise AssertionError("grow_in_place_batch: an append did not grow in place")
         eng.close()
 
     lean.setup, lean.run, lean.teardown = lean_setup, lean_run, lean_teardown
-    ops["grow_in_place_lean"] = lean
+    ops["grow_in_place_batch"] = lean
 
     new_range = BatchOp(_noop, blocks_per_op=n + 2)
 
@@ -343,8 +340,7 @@ def run(cfg: dict[str, Any], native: dict[str, Any] | None) -> dict[str, Any]:
                     "tagma_impl": "tagma.engine.RangeEngine (ctypes)",
                     "ctypes": summarize(samples["tagma"], "ns"),
                 }
-            # The lean crossing does what the native grow_in_place loop does, through one ctypes call.
-            nat = native_rows.get(("grow_in_place" if op == "grow_in_place_lean" else op, int(context)))
+            nat = native_rows.get((op, int(context)))
             row["native"] = summarize(nat, "ns") if nat else None
             if nat:
                 row["binding_overhead_ns"] = row["ctypes"]["median"] - row["native"]["median"]

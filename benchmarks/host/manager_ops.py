@@ -8,13 +8,16 @@ construction (which hashes the prompt's blocks) and appending sampled tokens to 
 front-end work and stay outside the timed region; what is timed is what the scheduler asks the manager.
 
 * ``admission_free``: ``get_computed_blocks`` + ``allocate_slots(req, prompt - hit, hit, computed)`` +
+  ``get_blocks(request_id).get_block_ids()`` (what vLLM's scheduler does with an admitted request) +
   ``free`` of one request of ``context`` tokens with fresh (never cached) tokens. With prefix caching on
   the pool holds 2n + 64 blocks, so after the warm-up every admission evicts about n cached blocks of the
   requests before it (the steady state of a server with a full prefix cache).
 * ``decode_step``: R running requests of about ``context`` tokens (request i has context - i % block_size
   prompt tokens, so boundary crossings spread over the steps); one step = ``new_step_starts()`` + R x
-  ``allocate_slots(req, 1)``; reported per request-step. A sample is block_size consecutive steps, so every
-  request crosses exactly one block boundary in each sample.
+  ``allocate_slots(req, 1)``, then R x ``get_block_ids(allow_none=True)`` of what they returned (the
+  scheduler output reads the new ids after all of the step's allocations); reported per request-step. A
+  sample is block_size consecutive steps, so every request crosses exactly one block boundary in each
+  sample.
 * ``resident_bytes``: Python heap bytes (tracemalloc) the manager holds per resident request of ``context``
   tokens: ``resident_requests`` requests are admitted (built before tracing starts; the returned blocks are
   dropped) and the traced growth is divided by their number. With prefix caching off tagma's manager is
@@ -100,10 +103,14 @@ class Tokens:
 
 
 def admit(manager: KVCacheManager, request: Request) -> tuple[int, int | None]:
-    """The scheduler's admission of a waiting request: (hit tokens, new blocks or None)."""
+    """The scheduler's admission of a waiting request: (hit tokens, blocks or None). As vLLM's scheduler:
+    ``get_computed_blocks``, ``allocate_slots``, then ``get_blocks(request_id)``, whose ids the scheduler
+    output reads."""
     computed, hit, *_ = manager.get_computed_blocks(request)
     new = manager.allocate_slots(request, request.num_tokens - hit, hit, computed)
-    return hit, None if new is None else len(new.get_block_ids()[0])
+    if new is None:
+        return hit, None
+    return hit, len(manager.get_blocks(request.request_id).get_block_ids()[0])
 
 
 # ------------------------------------------------------------------------------------------ admission
@@ -256,9 +263,13 @@ def decode_step(
 
         def body() -> None:
             manager.new_step_starts()
-            for req in reqs:
-                new = manager.allocate_slots(req, 1)
-                new_counts.append(-1 if new is None else len(new.get_block_ids()[0]))
+            step = [manager.allocate_slots(req, 1) for req in reqs]
+            for new in step:  # the scheduler output reads the new ids after the step's allocations
+                if new is None:
+                    new_counts.append(-1)
+                else:
+                    ids = new.get_block_ids(allow_none=True)
+                    new_counts.append(0 if ids is None else len(ids[0]))
 
         ns = timed_ns(body)
         for req in reqs:

@@ -27,11 +27,12 @@ def headline_rows(section: dict[str, Any], contexts: list[int]) -> list[dict[str
                 note = f"native {native:.0f} ns" if native is not None else ""
                 rows.append(row(label, c, e["paged"]["median"], e["ctypes"]["median"], "ns", note=note))
     top = max(contexts)
-    e = at(section["rows"], op="grow_in_place_lean", context_tokens=top)
+    e = at(section["rows"], op="grow_in_place_batch", context_tokens=top)
     if e and e.get("native"):
         rows.append(
             row(
-                "binding fixed cost per crossing (lean append of 1 block, ctypes - native)",
+                "binding fixed cost per crossing (the manager's batched append, 1 entry of 1 block: "
+                "ctypes - native)",
                 top,
                 None,
                 e["binding_overhead_ns"],

@@ -14,6 +14,8 @@
 //   coord_offset          tagma_coord_offset of (layer, block, token), block cycling through [0, n)
 //   alloc_release         request_create + request_append(n) (ids returned) + request_release
 //   grow_in_place         request_append(1) to a request of n blocks with free blocks right after it
+//   grow_in_place_batch   the same through tagma_append_runs_batch (one entry of 1 block; the range
+//                         manager's crossing): the native side of the binding's fixed cost per crossing
 //   append_new_range      request_append(1) to a request of n blocks whose tail is taken by a neighbour
 //                         (first fit): the block opens a new range
 //   prefix_share_release  request_create + request_attach(n ids in use by a live request) + request_release
@@ -259,6 +261,39 @@ std::vector<Result> engine_ops(const Options& options, int64_t context) {
       engine.reset();
     };
     results.push_back(measure(options, "grow_in_place", context, c));
+  }
+
+  {  // grow_in_place_batch
+    std::unique_ptr<Engine> engine;
+    uint64_t request = 0;
+    int64_t in_place_before = 0;
+    int64_t batch_size = 0;
+    int64_t count = 1;
+    int32_t runs[2] = {0, 0};
+    int64_t offsets[2] = {0, 0};
+    tagma_append_batch step{};
+    Case c;
+    c.blocks_per_op = 1;
+    c.setup = [&](int64_t batch) {
+      engine = std::make_unique<Engine>(n + batch + 64, TAGMA_POLICY_HEADROOM);
+      request = engine->request();
+      engine->append(request, n, ids.data());
+      in_place_before = engine->stats().in_place_growths;
+      batch_size = batch;
+      step = tagma_append_batch{engine->handle(), &request, &count, nullptr, 1, runs, 1, offsets};
+    };
+    c.run = [&](int64_t batch) {
+      for (int64_t i = 0; i < batch; ++i) check(tagma_append_runs_batch(&step), "append_runs_batch");
+      g_sink = g_sink + runs[0];
+    };
+    c.teardown = [&] {
+      const tagma_stats s = engine->stats();
+      if (s.in_place_growths - in_place_before != batch_size || s.max_request_ranges != 1) {
+        die("grow_in_place_batch: an append did not grow in place");
+      }
+      engine.reset();
+    };
+    results.push_back(measure(options, "grow_in_place_batch", context, c));
   }
 
   {  // append_new_range
