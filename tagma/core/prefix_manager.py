@@ -1,0 +1,517 @@
+"""The range-native KV cache manager with prefix caching on: the prefix cache is the engine's prefix index.
+
+:class:`PrefixKVCacheManager` is :class:`~tagma.core.range_manager.RangeKVCacheManager` (per-request state:
+an engine request and a count; no ``KVCacheBlock`` on hot paths) plus the engine's hash-less prefix index
+(a trie of full blocks keyed by token ids, :mod:`tagma.prefix_index`). vLLM's block hashes are neither
+computed nor read: the engine core builds its requests without a block hasher
+(:func:`tagma.core.scheduler.install_hashless_hook`, keyed on ``uses_block_hashes = False``).
+
+vLLM's meaning is kept where the scheduler can see it:
+
+* ``get_computed_blocks``: the longest cached prefix in full blocks, capped at ``num_tokens - 1`` tokens
+  (the last token is always computed), none for requests that skip reading the prefix cache; the hit is a
+  view over the hit block ids (:class:`HitBlocks`) and changes no block state;
+* ``allocate_slots``: vLLM's admission arithmetic (cache-only hits count against the free blocks, as
+  vLLM's evictable hits do), then the hit is attached (one engine call that walks the index again), new
+  blocks appended (the engine evicts cache-only blocks when free ones are short, as its eviction mode
+  says) and the full blocks up to ``min(computed + new, num_tokens)`` tokens indexed, prompt and output
+  alike, as vLLM caches them;
+* ``free``: the request's blocks not used by another request become cache-only (evictable, LRU);
+* ``reset_prefix_cache``: fails (False) while any block is in use, as vLLM's;
+* stats, usage and ``estimate_cached_tokens`` with vLLM's meaning; KV events are refused (no hashes).
+
+The namespace of a request (its index root) is its cache salt and LoRA adapter (name and path): vLLM's
+extra keys for token-only requests. Multimodal inputs and prompt embeddings cannot be keyed by token ids
+and are refused (before the model loads in :mod:`tagma.fail_closed`, here as a backstop).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.request import Request, RequestStatus
+
+from tagma.core.manager import _SIGNATURE
+from tagma.core.range_manager import RangeBlocks, RangeKVCacheManager, ids_from_runs
+from tagma.engine import _raise
+from tagma.errors import TagmaUnsupported
+
+__all__ = ["ENV_PREFIX_EVICTION", "EVICTION_MODES", "HitBlocks", "PrefixKVCacheManager", "PrefixStats"]
+
+logger = logging.getLogger("vllm.tagma")
+
+ENV_PREFIX_EVICTION = "TAGMA_PREFIX_EVICTION"
+# Contiguity-aware eviction by default: with a pool full of cached blocks, growing requests stay in few
+# ranges (exact LRU, "lru", keeps vLLM's eviction order).
+DEFAULT_EVICTION = "contiguous"
+
+_WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+_NO_TOKENS = "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
+_LOST = 1 << 62  # "indexed up to" of a request whose index cursor was lost: nothing more to insert
+
+# The engine's eviction modes (tagma.h TAGMA_EVICT_*).
+EVICTION_MODES: dict[str, int] = {"lru": 0, "contiguous": 1, "in_place": 2}
+
+_VP = ctypes.c_void_p
+_I32 = ctypes.c_int32
+_I64 = ctypes.c_int64
+_U64 = ctypes.c_uint64
+# The prefix index's C ABI (tagma.h): name -> (restype, argtypes); pointers are passed as addresses.
+_PREFIX_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
+    "tagma_prefix_enable": (_I32, [_U64, _I64, _I32]),
+    "tagma_prefix_set_eviction_mode": (_I32, [_U64, _I32]),
+    "tagma_prefix_lookup": (_I32, [_U64, _U64, _VP, _I64, _I64, _VP, _VP]),
+    "tagma_prefix_lookup_attach": (_I32, [_U64, _U64, _U64, _VP, _I64, _I64, _VP]),
+    "tagma_prefix_insert": (_I32, [_U64, _U64, _U64, _VP, _I64, _I64, _VP]),
+    "tagma_prefix_clear": (_I32, [_U64, _VP]),
+    "tagma_prefix_stats_get": (_I32, [_U64, _VP]),
+}
+
+
+class PrefixStats(ctypes.Structure):
+    """``tagma_prefix_stats``: the prefix index's state and cumulative counters."""
+
+    _fields_ = [
+        (name, ctypes.c_int64)
+        for name in (
+            "block_size",
+            "eviction_mode",
+            "namespaces",
+            "indexed_blocks",
+            "lookups",
+            "lookup_blocks",
+            "hit_blocks",
+            "inserted_blocks",
+            "duplicate_blocks",
+            "evicted_blocks",
+            "subtree_blocks",
+            "in_place_evictions",
+            "window_evictions",
+            "clears",
+        )
+    ]
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: int(getattr(self, name)) for name, _ in self._fields_}
+
+
+def _prefix_functions(lib: ctypes.CDLL) -> dict[str, Any]:
+    """The prefix index's functions of the engine library, with their prototypes."""
+    out = {}
+    for name, (restype, argtypes) in _PREFIX_SIGNATURES.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            raise TagmaUnsupported(
+                f"prefix caching: the engine library lacks {name} (stale build?); run `make engine`"
+            ) from None
+        fn.restype = restype
+        fn.argtypes = argtypes
+        out[name] = fn
+    return out
+
+
+def parse_eviction(mode: str | int) -> int:
+    if isinstance(mode, int) and mode in EVICTION_MODES.values():
+        return mode
+    value = EVICTION_MODES.get(str(mode).strip().lower())
+    if value is None:
+        choices = ", ".join(EVICTION_MODES)
+        raise ValueError(f"tagma: unknown prefix eviction mode {mode!r}; expected one of: {choices}")
+    return value
+
+
+class HitBlocks(KVCacheBlocks):
+    """A ``KVCacheBlocks`` of one group over the hit block ids of a prefix lookup (an int32 array)."""
+
+    __slots__ = ("_ids", "_pool")
+
+    def __init__(self, ids: np.ndarray, pool: Any) -> None:
+        self._ids = ids
+        self._pool = pool
+
+    @property
+    def blocks(self) -> tuple[Sequence[Any], ...]:  # type: ignore[override]
+        table = self._pool.blocks
+        return ([table[i] for i in self._ids.tolist()],)
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def get_block_ids(  # type: ignore[override]
+        self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...] | None:
+        if group_ids is not None:
+            if any(g != 0 for g in group_ids):
+                raise IndexError(f"KV cache group ids {list(group_ids)}: tagma has one group (0)")
+            if allow_none and (not group_ids or not len(self._ids)):
+                return None
+            return tuple(self._ids.tolist() for _ in group_ids)
+        if allow_none and not len(self._ids):
+            return None
+        return (self._ids.tolist(),)
+
+    def get_unhashed_block_ids(self) -> list[int]:
+        return []  # every hit block is cached
+
+    def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
+        return [[]]
+
+    def new_empty(self) -> KVCacheBlocks:
+        return KVCacheBlocks(((),))
+
+    def __repr__(self) -> str:
+        return f"HitBlocks(ids={self._ids.tolist()!r})"
+
+
+def _tokens(request: Request, start: int, end: int) -> array:
+    """The request's token ids [start, end) as an int32 buffer (one C-speed conversion)."""
+    return array("i", request._all_token_ids[start:end])
+
+
+class PrefixKVCacheManager(RangeKVCacheManager):
+    """``KVCacheManager`` for prefix caching on, built through ``TagmaKVCacheManager(...)`` (same arguments;
+    ``prefix_eviction``: ``lru`` | ``contiguous`` | ``in_place``, default ``$TAGMA_PREFIX_EVICTION`` or
+    contiguous)."""
+
+    uses_block_hashes = False  # the engine core builds requests without vLLM's block hasher
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        *args: Any,
+        prefix_eviction: str | int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        placement = kwargs.pop("placement_policy", None)
+        bound = _SIGNATURE.bind(None, kv_cache_config, max_model_len, *args, **kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        arguments.pop("self")
+        if not arguments.get("enable_caching", True):
+            raise ValueError("tagma: PrefixKVCacheManager serves prefix caching on only")
+        if arguments.get("enable_kv_cache_events"):
+            raise TagmaUnsupported(
+                "KV cache events with prefix caching (tagma's prefix index has no block hashes to publish)"
+            )
+        block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size if (
+            len(kv_cache_config.kv_cache_groups) == 1
+        ) else None
+        hash_block_size = arguments.get("hash_block_size")
+        if block_size is not None and hash_block_size not in (None, block_size):
+            raise TagmaUnsupported("hash_block_size != block_size (partial prefix-cache hits)")
+        # The range manager under it: vLLM's coordinator and pool without their prefix cache (nothing of
+        # them is used for caching here), then caching switched on for the scheduler-facing contract.
+        arguments["enable_caching"] = False
+        super().__init__(**arguments, placement_policy=placement)
+        self.enable_caching = True
+        mode = parse_eviction(
+            prefix_eviction if prefix_eviction is not None else (
+                os.environ.get(ENV_PREFIX_EVICTION) or DEFAULT_EVICTION
+            )
+        )
+        self.prefix_eviction = next(name for name, value in EVICTION_MODES.items() if value == mode)
+        fns = _prefix_functions(self._lib)
+        status = fns["tagma_prefix_enable"](self._h, self.block_size, mode)
+        if status:
+            _raise(self._lib, status)
+        self._f_lookup = fns["tagma_prefix_lookup"]
+        self._f_lookup_attach = fns["tagma_prefix_lookup_attach"]
+        self._f_insert = fns["tagma_prefix_insert"]
+        self._f_clear = fns["tagma_prefix_clear"]
+        self._f_prefix_stats = fns["tagma_prefix_stats_get"]
+        self._f_stats = self.engine._f_stats
+        self._stats = self.engine._stats
+        self._stats_p = self.engine._stats_p
+        self._hit_buf = np.empty(max(self.block_pool.num_gpu_blocks, 1), dtype=np.int32)
+        self._hit_p = self._hit_buf.ctypes.data
+        self._namespaces: dict[tuple[Any, ...], int] = {}
+        self._ns: dict[str, int] = {}  # request id -> namespace of its blocks
+        self._indexed: dict[str, int] = {}  # request id -> full blocks asked to be indexed (_LOST: none)
+        self._i64b = ctypes.c_int64(0)
+        self._i64b_p = ctypes.addressof(self._i64b)
+        # the last lookup, reused by the allocate_slots that follows it: (request id, tokens, hit blocks)
+        self._last: tuple[str, array, int] | None = None
+        # A deferred free (pop_blocks_for_free) releases through the pool: recount the free blocks after.
+        pool = self.block_pool
+        pool_free_blocks = pool.free_blocks
+
+        def free_blocks(ordered_blocks: Any) -> None:
+            pool_free_blocks(ordered_blocks)
+            self._sync_free()
+
+        pool.free_blocks = free_blocks  # type: ignore[method-assign]
+
+    # ---- namespaces
+
+    def _namespace(self, request: Request) -> int:
+        """The request's index namespace: 0 without cache salt or LoRA, else an id per distinct key."""
+        if request.mm_features or getattr(request, "prompt_embeds", None) is not None:
+            raise TagmaUnsupported(
+                "multimodal inputs or prompt embeddings with prefix caching (the prefix index keys token ids)"
+            )
+        lora = request.lora_request
+        salt = request.cache_salt
+        if lora is None and not salt:
+            return 0
+        key = (salt or None, lora.lora_name if lora else None, lora.lora_path if lora else None)
+        ns = self._namespaces.get(key)
+        if ns is None:
+            ns = len(self._namespaces) + 1
+            self._namespaces[key] = ns
+        return ns
+
+    # ---- free count
+
+    def _sync_free(self) -> None:
+        """vLLM's free count (free + cache-only blocks) from the engine: after releases and attaches, where
+        blocks shared with other requests make the change not the request's own count."""
+        status = self._f_stats(self._h, self._stats_p)
+        if status:
+            _raise(self._lib, status)
+        self.block_pool._num_free = self._stats.free_blocks + self._stats.cached_only_blocks
+
+    # ---- lookup
+
+    def get_computed_blocks(
+        self, request: Request, *args: Any, **kwargs: Any
+    ) -> tuple[KVCacheBlocks, int, int]:
+        if request.skip_reading_prefix_cache:
+            return self.empty_kv_cache_blocks, 0, 0
+        bs = self.block_size
+        max_blocks = (request.num_tokens - 1) // bs
+        if max_blocks > len(self._hit_buf):
+            max_blocks = len(self._hit_buf)
+        if max_blocks <= 0:
+            return self.empty_kv_cache_blocks, 0, 0
+        ns = self._namespace(request)
+        tokens = _tokens(request, 0, max_blocks * bs)
+        status = self._f_lookup(
+            self._h, ns, tokens.buffer_info()[0], len(tokens), max_blocks, self._hit_p, self._i64b_p
+        )
+        if status:
+            _raise(self._lib, status)
+        hit = self._i64b.value
+        self._last = (request.request_id, tokens, hit)
+        if not hit:
+            return self.empty_kv_cache_blocks, 0, 0
+        return HitBlocks(self._hit_buf[:hit].copy(), self.block_pool), hit * bs, 0
+
+    def _evictable(self, hits: KVCacheBlocks | None, count: int) -> int:
+        """How many hit blocks are cache-only (not in use): vLLM counts those against the free blocks."""
+        if not count:
+            return 0
+        if isinstance(hits, HitBlocks):
+            ids = hits.ids[:count]
+        else:
+            ids = np.asarray(hits.get_block_ids()[0][:count], dtype=np.int64)  # type: ignore[union-attr]
+        req_refs, _ = self.engine.block_state()
+        return int(np.count_nonzero(req_refs[ids] == 0))
+
+    # ---- allocation
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        **kwargs: Any,
+    ) -> KVCacheBlocks | None:
+        if num_encoder_tokens:
+            raise TagmaUnsupported("encoder tokens (cross-attention)")
+        if num_new_tokens == 0 and not num_external_computed_tokens and not num_new_computed_tokens:
+            raise ValueError(_NO_TOKENS)
+        bs = self.block_size
+        rid = request.request_id
+        held = self._held.get(rid, 0)
+        hits = num_new_computed_tokens // bs
+        if hits * bs != num_new_computed_tokens:
+            raise ValueError(f"{num_new_computed_tokens} prefix-hit tokens are not whole blocks of {bs}")
+        if hits and held:
+            raise ValueError(f"request {rid} already holds blocks: no new prefix-cache hit can be adopted")
+        if hits and (new_computed_blocks is None or len(new_computed_blocks) < hits):
+            raise ValueError(f"{hits} hit blocks announced, {len(new_computed_blocks or ())} given")
+        max_len = self.max_model_len
+        computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
+        if computed > max_len:
+            computed = max_len
+        need_tokens = computed + num_new_tokens + num_lookahead_tokens
+        if need_tokens > max_len:
+            need_tokens = max_len
+        need = -(-need_tokens // bs) - held - hits
+        if need < 0:
+            need = 0
+        pool = self.block_pool
+        free = pool._num_free
+        watermark = self.watermark_blocks if has_scheduled_reqs and request.status in _WAITING else 0
+        evictable = -1  # computed only when the check could fail on it
+        if full_sequence_must_fit:
+            full = request.num_tokens if request.num_tokens < max_len else max_len
+            full_need = -(-full // bs) - held - hits
+            if full_need < 0:
+                full_need = 0
+            if full_need + hits + watermark > free:
+                evictable = self._evictable(new_computed_blocks, hits)
+                if full_need + evictable + watermark > free:
+                    return None
+        if need + hits + watermark > free - reserved_blocks:
+            if evictable < 0:
+                evictable = self._evictable(new_computed_blocks, hits)
+            if need + evictable + watermark > free - reserved_blocks:
+                return None
+        if request.num_computed_tokens == 0 and held == 0:
+            self._ns[rid] = self._namespace(request)
+        eng = pool._engine_reqs.get(rid)
+        if (hits or need or num_external_computed_tokens) and eng is None:
+            status = self._f_create(self._h, self._u64_p)
+            if status:
+                _raise(self._lib, status)
+            eng = self._u64.value
+            pool._engine_reqs[rid] = eng
+        if hits:
+            self._attach(request, eng, hits)
+        blocks: KVCacheBlocks = self.empty_kv_cache_blocks
+        if num_external_computed_tokens:
+            external = -(-computed // bs) - held - hits
+            if external > 0:
+                runs = self._append(eng, rid, external)  # type: ignore[arg-type]
+                if self._zeroing and 0 not in kwargs.get("skip_zeroing_group_ids", ()):
+                    self._zero_ids.append(ids_from_runs(runs, self._table))
+                need -= external
+        if need > 0:
+            runs = self._append(eng, rid, need)  # type: ignore[arg-type]
+            if self._zeroing:
+                self._zero_ids.append(ids_from_runs(runs, self._table))
+            blocks = RangeBlocks(runs, need, self._table, pool)
+        if not delay_cache_blocks:
+            cache_to = computed + num_new_tokens
+            if cache_to > request.num_tokens:
+                cache_to = request.num_tokens
+            if cache_to // bs > self._indexed.get(rid, 0):
+                self._insert(request, eng, cache_to // bs)
+        return blocks
+
+    def _attach(self, request: Request, eng: int, hits: int) -> None:
+        """Attach the request's first ``hits`` cached blocks (one index walk) and recount the free blocks."""
+        rid = request.request_id
+        bs = self.block_size
+        last = self._last
+        if last is not None and last[0] == rid and last[2] >= hits:
+            tokens = last[1]
+        else:
+            tokens = _tokens(request, 0, hits * bs)
+        self._last = None
+        status = self._f_lookup_attach(
+            self._h, self._ns[rid], eng, tokens.buffer_info()[0], hits * bs, hits, self._i64b_p
+        )
+        if status:
+            _raise(self._lib, status)
+        got = self._i64b.value
+        if got != hits:
+            self.engine.release(eng)
+            del self.block_pool._engine_reqs[rid]
+            raise RuntimeError(f"tagma: prefix hit of {hits} blocks changed to {got} before it was attached")
+        self._held[rid] = hits
+        self._indexed[rid] = hits
+        self._sync_free()
+
+    def _insert(self, request: Request, eng: int | None, full: int) -> None:
+        """Index the request's full blocks up to ``full`` (those not indexed yet)."""
+        rid = request.request_id
+        if eng is None:
+            return
+        bs = self.block_size
+        start = self._indexed.get(rid, 0)
+        ns = self._ns.get(rid)
+        if ns is None:
+            ns = self._ns[rid] = self._namespace(request)
+        tokens = _tokens(request, start * bs, full * bs)
+        ptr = tokens.buffer_info()[0]
+        status = self._f_insert(self._h, ns, eng, ptr, start * bs, len(tokens), self._i64b_p)
+        if status:
+            _raise(self._lib, status)
+        self._indexed[rid] = full if self._i64b.value >= full else _LOST
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        rid = request.request_id
+        full = num_computed_tokens // self.block_size
+        if full > self._held.get(rid, 0):
+            full = self._held.get(rid, 0)
+        if full > self._indexed.get(rid, 0):
+            self._insert(request, self.block_pool._engine_reqs.get(rid), full)
+
+    # ---- free
+
+    def free(self, request: Request) -> None:
+        rid = request.request_id
+        self._indexed.pop(rid, None)
+        self._ns.pop(rid, None)
+        self._held.pop(rid, None)
+        eng = self.block_pool._engine_reqs.pop(rid, None)
+        if eng is not None:
+            status = self._f_release(self._h, eng)
+            if status:
+                _raise(self._lib, status)
+            self._sync_free()
+
+    def pop_blocks_for_free(self, request: Request) -> Any:
+        rid = request.request_id
+        self._indexed.pop(rid, None)
+        self._ns.pop(rid, None)
+        return super().pop_blocks_for_free(request)
+
+    # ---- the rest of the contract
+
+    def estimate_cached_tokens(self, request: Request) -> int:
+        indexed = self._indexed.get(request.request_id, 0)
+        return 0 if indexed == _LOST else indexed * self.block_size
+
+    def reset_prefix_cache(self) -> bool:
+        used = self.block_pool.num_gpu_blocks - 1 - self.block_pool._num_free
+        if used:
+            logger.warning("Failed to reset prefix cache because some blocks (%d) are not freed yet", used)
+            return False
+        status = self._f_clear(self._h, None)
+        if status:
+            _raise(self._lib, status)
+        self._indexed.clear()
+        self._sync_free()
+        if self.log_stats:
+            assert self.prefix_cache_stats is not None
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        raise TagmaUnsupported("evict_blocks by block id (KV connectors) with tagma's prefix index")
+
+    def take_events(self) -> list[Any]:
+        return []  # KV events are refused at startup
+
+    def prefix_stats(self) -> dict[str, int]:
+        """The prefix index's state and counters (lookups, hits, inserts, evictions, ...)."""
+        out = PrefixStats()
+        status = self._f_prefix_stats(self._h, ctypes.addressof(out))
+        if status:
+            _raise(self._lib, status)
+        return out.as_dict()
