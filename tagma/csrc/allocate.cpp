@@ -19,6 +19,15 @@ void Engine::append(uint64_t id, int64_t count, int32_t* new_blocks_out, int32_t
          " cache-only blocks");
   }
 
+  if (prefix_) {  // the prefix index picks the victims by its eviction mode (align is 1: no undo needed)
+    const int64_t evicted = prefix_make_room(request, count);
+    counters_.evictions += evicted;
+    const int64_t listed = std::min<int64_t>(count, static_cast<int64_t>(prefix_evicted_.size()));
+    for (int64_t i = 0; evicted_out != nullptr && i < listed; ++i) evicted_out[i] = prefix_evicted_[static_cast<size_t>(i)];
+    if (num_evicted != nullptr) *num_evicted = evicted;
+    allocate(request, count, new_blocks_out);
+    return;
+  }
   const std::vector<Eviction> evicted = evict(std::max<int64_t>(count - free_blocks, 0));
   if (!can_allocate(request, count)) {
     undo_eviction(evicted);
@@ -38,7 +47,7 @@ int64_t Engine::append_runs(uint64_t id, int64_t count, int64_t hint, int32_t* r
   if (hint < 0) fail(TAGMA_E_INVALID_ARG, "hint ", hint, " must be >= 0");
   require_non_null(runs_out, "runs_out");
   if (capacity < count) fail(TAGMA_E_INVALID_ARG, "capacity ", capacity, " must be >= count ", count);
-  if (free_list_.free_blocks() < count && lru_.size() > 0) {
+  if (free_list_.free_blocks() < count && lru_.size() > 0 && !prefix_) {  // the prefix index may evict
     fail(TAGMA_E_STATE, "count ", count, " would evict cache-only blocks (", free_list_.free_blocks(),
          " free): use tagma_request_append, which reports evictions");
   }

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "error.h"
+#include "prefix_index.h"  // complete type for the constructors
 
 namespace tagma {
 

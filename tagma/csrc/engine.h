@@ -6,6 +6,7 @@
 #define TAGMA_ENGINE_H
 
 #include <cstdint>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -15,6 +16,8 @@
 #include "tagma.h"
 
 namespace tagma {
+
+class PrefixIndex;
 
 // Block space: ids [0, num_blocks); ranges are handed out from [first_usable, end_usable).
 struct Geometry {
@@ -38,6 +41,7 @@ struct Counters {
 class Engine {
  public:
   Engine(int64_t num_blocks, int64_t align, int32_t policy);
+  ~Engine();
 
   void set_policy(int32_t policy);
   tagma_stats stats() const;
@@ -67,6 +71,16 @@ class Engine {
   void free_ranges(int32_t* out, int64_t capacity, int64_t* num_ranges) const;
   void lru_order(int32_t* out, int64_t capacity, int64_t* num_blocks) const;
   void ranges_histogram(int64_t* out, int64_t capacity) const;
+
+  // Prefix index (prefix_index.cpp); see tagma_prefix_* in tagma.h.
+  void prefix_enable(int64_t block_size, int32_t eviction_mode);
+  void prefix_set_eviction_mode(int32_t eviction_mode);
+  int64_t prefix_lookup(uint64_t ns, const int32_t* tokens, int64_t num_tokens, int64_t max_blocks, int32_t* ids_out);
+  int64_t prefix_lookup_attach(uint64_t ns, uint64_t id, const int32_t* tokens, int64_t num_tokens,
+                               int64_t max_blocks);
+  int64_t prefix_insert(uint64_t ns, uint64_t id, const int32_t* tokens, int64_t tokens_start, int64_t num_tokens);
+  int64_t prefix_clear();
+  tagma_prefix_stats prefix_stats() const;
 
  private:
   // A block evicted by append, remembered so the eviction can be undone when the append then fails.
@@ -110,6 +124,17 @@ class Engine {
   Counters counters_;
   std::vector<int32_t> append_scratch_;  // append_runs: the new block ids before they become runs
   int64_t growth_hint_ = 0;  // during append_runs: blocks the request expects from this append on (0: none)
+
+  // prefix_index.cpp: the prefix index, when enabled; it owns every cache reference then.
+  PrefixIndex& prefix_index();
+  int64_t prefix_walk(uint64_t ns, const int32_t* tokens, int64_t num_tokens, int64_t max_blocks, int32_t* out);
+  void prefix_forget(uint64_t id);
+  int64_t prefix_evict(int32_t block, FreeRunBuilder& freed);
+  int64_t prefix_evict_window(int32_t start, int64_t count);
+  int64_t prefix_make_room(const Request& request, int64_t count);
+  std::unique_ptr<PrefixIndex> prefix_;
+  std::vector<int32_t> attach_scratch_;  // prefix_lookup_attach: the hit blocks
+  std::vector<int32_t> prefix_evicted_;  // prefix_make_room: blocks freed, in order (reserved: never grows)
 };
 
 }  // namespace tagma

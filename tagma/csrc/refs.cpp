@@ -70,6 +70,7 @@ void Engine::release_request(uint64_t id) {
   }
   freed.flush();
   range_counts_.remove(request.num_ranges());
+  if (prefix_) prefix_forget(id);
   requests_.erase(id);
 }
 
@@ -86,6 +87,7 @@ void Engine::drop_request_ref(int32_t block, FreeRunBuilder& freed) {
 }
 
 void Engine::cache_mark(const int32_t* block_ids, int64_t count) {
+  if (prefix_) fail(TAGMA_E_STATE, "the prefix index owns the cache references");
   require_positive(count, "count");
   require_non_null(block_ids, "block_ids");
   for (int64_t i = 0; i < count; ++i) {
@@ -104,6 +106,7 @@ void Engine::cache_mark(const int32_t* block_ids, int64_t count) {
 }
 
 void Engine::cache_unmark(const int32_t* block_ids, int64_t count) {
+  if (prefix_) fail(TAGMA_E_STATE, "the prefix index owns the cache references");
   require_positive(count, "count");
   require_non_null(block_ids, "block_ids");
   for (int64_t i = 0; i < count; ++i) check_block_id(block_ids[i], i);
@@ -129,6 +132,7 @@ void Engine::cache_unmark(const int32_t* block_ids, int64_t count) {
 }
 
 int64_t Engine::cache_evict(int64_t max_blocks, int32_t* out) {
+  if (prefix_) fail(TAGMA_E_STATE, "the prefix index owns the cache references (it evicts inside appends)");
   require_positive(max_blocks, "max_blocks");
   const std::vector<Eviction> evicted = evict(std::min(max_blocks, lru_.size()));
   counters_.evictions += static_cast<int64_t>(evicted.size());
@@ -137,6 +141,7 @@ int64_t Engine::cache_evict(int64_t max_blocks, int32_t* out) {
 }
 
 int64_t Engine::cache_clear() {
+  if (prefix_) return prefix_clear();
   int64_t dropped = 0;
   FreeRunBuilder freed(free_list_);
   for (int32_t block = 0; block < geometry_.num_blocks; ++block) {

@@ -224,6 +224,91 @@ tagma_status tagma_slot_mapping_step(const tagma_slot_mapping_batch *batch);
 tagma_status tagma_coord_offset(const tagma_coord_layout *layout, int64_t layer, int64_t block, int64_t token,
                                 int64_t *out_offset);
 
+
+/* ---- prefix index (prefix_index.cpp): cached full blocks found by their token ids, no hashing.
+ *
+ * An engine may carry one prefix index, enabled once with tagma_prefix_enable (align must be 1). It is a
+ * trie per namespace whose nodes are full blocks: a node stores its block's block_size token ids and is
+ * the physical block holding their KV; a child is found by its first token (a table lookup keyed by
+ * (parent, token)) then a compare of the whole block, so lookup and insert cost O(tokens) compares with no
+ * copy. The namespace (uint64, chosen by the caller; e.g. an interned (cache_salt, LoRA, extra keys)) picks
+ * the root: blocks of different namespaces are never shared.
+ *
+ * An indexed block holds the index's cache reference (exactly one). When its requests release it, it is
+ * cache-only (LRU, evictable). Evicting it removes its node and the node's whole subtree (unreachable
+ * otherwise): cache-only blocks of the subtree become free, blocks of the subtree still in use lose their
+ * cache reference (they are freed when released). While the index is enabled it owns every cache
+ * reference: tagma_cache_mark, tagma_cache_unmark and tagma_cache_evict fail with TAGMA_E_STATE, and
+ * tagma_cache_clear clears the index (as tagma_prefix_clear).
+ *
+ * Evictions happen inside appends (tagma_request_append, tagma_request_append_runs, which may then evict:
+ * the index knows which blocks it loses), as the eviction mode says:
+ *   TAGMA_EVICT_LRU         exactly vLLM's order: LRU victims, one block at a time, until enough are free;
+ *   TAGMA_EVICT_CONTIGUOUS  when blocks must be evicted: first the cache-only blocks right after the growing
+ *                           request's last range (so it grows in place), then, while free blocks are short,
+ *                           a contiguous window of non-in-use blocks around the LRU victim, as long as the
+ *                           new range needs (a run rather than scattered blocks);
+ *   TAGMA_EVICT_IN_PLACE    CONTIGUOUS, and a growing request also evicts the cache-only blocks right after
+ *                           its last range when free blocks exist elsewhere (fewer ranges, lower hit rate).
+ * With the index, tagma_request_append may evict more than `count` blocks (subtrees, windows): evicted_out
+ * receives the first `count` evicted ids and *num_evicted the number of blocks evicted.
+ *
+ * A request remembers how many of its logical blocks are indexed (from 0) and the node reached, so an
+ * insert costs O(new tokens). A request that lost its place (the node it reached was evicted, the index was
+ * cleared, or a block of it could not be indexed) indexes nothing more. When a full block's tokens are
+ * already indexed under the same parent by another block, the request's own copy is not indexed (it stays
+ * uncached) and indexing continues below the existing node.
+ * Tokens are int32 ids; a block's tokens are compared exactly. */
+#define TAGMA_EVICT_LRU 0
+#define TAGMA_EVICT_CONTIGUOUS 1
+#define TAGMA_EVICT_IN_PLACE 2
+
+typedef struct tagma_prefix_stats {
+    int64_t block_size;
+    int64_t eviction_mode;
+    int64_t namespaces;         /* namespace roots created since the last clear */
+    int64_t indexed_blocks;     /* nodes: blocks holding the index's cache reference */
+    /* Cumulative counters since the index was enabled. */
+    int64_t lookups;            /* tagma_prefix_lookup and tagma_prefix_lookup_attach calls */
+    int64_t lookup_blocks;      /* full blocks asked for (after max_blocks) */
+    int64_t hit_blocks;         /* of which found */
+    int64_t inserted_blocks;    /* blocks indexed */
+    int64_t duplicate_blocks;   /* full blocks not indexed: the same tokens were indexed under the same parent */
+    int64_t evicted_blocks;     /* indexed blocks freed by eviction (subtrees included) */
+    int64_t subtree_blocks;     /* nodes removed because an ancestor was evicted (freed or still in use) */
+    int64_t in_place_evictions; /* blocks evicted right after a growing request's last range */
+    int64_t window_evictions;   /* contiguous windows evicted around an LRU victim */
+    int64_t clears;
+} tagma_prefix_stats;
+
+/* Enables the engine's prefix index: block_size in [1, 65536] tokens per block, eviction_mode one of
+ * TAGMA_EVICT_*. TAGMA_E_STATE when already enabled, when the engine's align is not 1, or when some block
+ * has a cache reference (from tagma_cache_mark). Memory: num_blocks * (block_size * 4 + ~48) bytes. */
+tagma_status tagma_prefix_enable(tagma_engine_handle h, int64_t block_size, int32_t eviction_mode);
+tagma_status tagma_prefix_set_eviction_mode(tagma_engine_handle h, int32_t eviction_mode);
+/* The longest cached prefix of tokens[0, num_tokens) in namespace ns, in full blocks, at most max_blocks
+ * (>= 0): *num_hit blocks, their physical ids in logical order into ids_out (nullable; capacity
+ * max_blocks). Changes no block state (no LRU touch). tokens may be NULL when num_tokens is 0. */
+tagma_status tagma_prefix_lookup(tagma_engine_handle h, uint64_t ns, const int32_t *tokens, int64_t num_tokens,
+                                 int64_t max_blocks, int32_t *ids_out, int64_t *num_hit);
+/* tagma_prefix_lookup, then the hit blocks are attached to `request` (which must hold no block and never
+ * have been indexed): request references taken, cache-only hits leave the LRU, consecutive ids become one
+ * range; the request's indexed prefix is the hit. One walk; O(hit tokens). */
+tagma_status tagma_prefix_lookup_attach(tagma_engine_handle h, uint64_t ns, uint64_t request, const int32_t *tokens,
+                                        int64_t num_tokens, int64_t max_blocks, int64_t *num_hit);
+/* Indexes the request's full blocks not indexed yet, in namespace ns (the request's first insert or
+ * lookup_attach fixes its namespace; another is TAGMA_E_STATE). tokens[0, num_tokens) are the request's
+ * tokens at positions [tokens_start, tokens_start + num_tokens); tokens_start must be <= the first
+ * position not indexed yet (indexed_blocks * block_size) unless nothing is left to index. The blocks indexed
+ * are the request's logical blocks up to min(request blocks, (tokens_start + num_tokens) / block_size).
+ * *num_indexed (nullable): the request's indexed blocks afterwards. */
+tagma_status tagma_prefix_insert(tagma_engine_handle h, uint64_t ns, uint64_t request, const int32_t *tokens,
+                                 int64_t tokens_start, int64_t num_tokens, int64_t *num_indexed);
+/* Drops every node and cache reference (cache-only blocks become free); live requests index nothing more.
+ * *num_dropped (nullable): blocks that had a cache reference. */
+tagma_status tagma_prefix_clear(tagma_engine_handle h, int64_t *num_dropped);
+tagma_status tagma_prefix_stats_get(tagma_engine_handle h, tagma_prefix_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

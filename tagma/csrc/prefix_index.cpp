@@ -1,0 +1,442 @@
+// The prefix index (the trie) and the engine's prefix-cache operations: lookup, attach, insert, eviction
+// by mode, clear.
+#include "prefix_index.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "engine.h"
+#include "error.h"
+
+namespace tagma {
+
+namespace {
+
+constexpr int64_t kMaxBlockSize = 65536;
+
+}  // namespace
+
+EvictionMode parse_eviction_mode(int32_t mode) {
+  switch (mode) {
+    case TAGMA_EVICT_LRU:
+      return EvictionMode::kLru;
+    case TAGMA_EVICT_CONTIGUOUS:
+      return EvictionMode::kContiguous;
+    case TAGMA_EVICT_IN_PLACE:
+      return EvictionMode::kInPlace;
+    default:
+      fail(TAGMA_E_INVALID_ARG, "unknown eviction mode ", mode);
+  }
+}
+
+// ---- the trie
+
+PrefixIndex::PrefixIndex(int32_t num_blocks, int32_t block_size, EvictionMode mode)
+    : num_blocks_(num_blocks),
+      block_size_(block_size),
+      token_bytes_(static_cast<size_t>(block_size) * sizeof(int32_t)),
+      mode_(mode) {
+  // At most one node per block: a table of >= 2 * num_blocks slots stays at most half full.
+  size_t capacity = 16;
+  int bits = 4;
+  while (capacity < 2 * static_cast<size_t>(num_blocks)) {
+    capacity *= 2;
+    ++bits;
+  }
+  shift_ = 64 - bits;
+  mask_ = capacity - 1;
+  const auto n = static_cast<size_t>(num_blocks);
+  slots_.assign(capacity, Slot{0, kNone});
+  tokens_.assign(n * static_cast<size_t>(block_size), 0);
+  parent_.assign(n, kNone);
+  next_same_.assign(n, kNone);
+  next_sibling_.assign(n, kNone);
+  prev_sibling_.assign(n, kNone);
+  generation_.assign(n, 0);
+  first_child_.assign(n, kNone);
+  stack_.reserve(n);
+}
+
+int32_t PrefixIndex::root(uint64_t ns) {
+  const int32_t found = find_root(ns);
+  if (found != kNone) return found;
+  if (first_child_.size() >= static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    fail(TAGMA_E_OVERFLOW, "too many prefix-index namespaces");
+  }
+  const auto id = static_cast<int32_t>(first_child_.size());
+  first_child_.push_back(kNone);  // may throw: nothing else changed yet
+  try {
+    roots_.emplace(ns, id);
+  } catch (...) {
+    first_child_.pop_back();
+    throw;
+  }
+  return id;
+}
+
+void PrefixIndex::add_child(int32_t parent, int32_t block, const int32_t* tokens) {
+  const auto b = static_cast<size_t>(block);
+  std::memcpy(tokens_.data() + b * static_cast<size_t>(block_size_), tokens, token_bytes_);
+  const size_t slot = find_slot(key(parent, tokens[0]));
+  if (slots_[slot].head == kNone) {
+    slots_[slot].key = key(parent, tokens[0]);
+    next_same_[b] = kNone;
+  } else {
+    next_same_[b] = slots_[slot].head;
+  }
+  slots_[slot].head = block;
+  const auto p = static_cast<size_t>(parent);
+  next_sibling_[b] = first_child_[p];
+  prev_sibling_[b] = kNone;
+  if (first_child_[p] != kNone) prev_sibling_[static_cast<size_t>(first_child_[p])] = block;
+  first_child_[p] = block;
+  parent_[b] = parent;
+  ++num_nodes_;
+}
+
+void PrefixIndex::detach(int32_t block) {
+  const auto b = static_cast<size_t>(block);
+  const int32_t parent = parent_[b];
+  const size_t slot = find_slot(key(parent, block_tokens(block)[0]));
+  if (slots_[slot].head == block) {
+    slots_[slot].head = next_same_[b];
+    if (slots_[slot].head == kNone) erase_slot(slot);
+  } else {
+    int32_t before = slots_[slot].head;
+    while (next_same_[static_cast<size_t>(before)] != block) before = next_same_[static_cast<size_t>(before)];
+    next_same_[static_cast<size_t>(before)] = next_same_[b];
+  }
+  next_same_[b] = kNone;
+  if (prev_sibling_[b] != kNone) {
+    next_sibling_[static_cast<size_t>(prev_sibling_[b])] = next_sibling_[b];
+  } else {
+    first_child_[static_cast<size_t>(parent)] = next_sibling_[b];
+  }
+  if (next_sibling_[b] != kNone) prev_sibling_[static_cast<size_t>(next_sibling_[b])] = prev_sibling_[b];
+  next_sibling_[b] = kNone;
+  prev_sibling_[b] = kNone;
+}
+
+// Linear probing with backward-shift deletion: entries after the hole move back unless their home slot lies
+// cyclically in (hole, entry].
+void PrefixIndex::erase_slot(size_t hole) {
+  size_t j = hole;
+  while (true) {
+    j = (j + 1) & mask_;
+    if (slots_[j].head == kNone) break;
+    const size_t k = home(slots_[j].key);
+    const bool stays = hole <= j ? (hole < k && k <= j) : (hole < k || k <= j);
+    if (!stays) {
+      slots_[hole] = slots_[j];
+      hole = j;
+    }
+  }
+  slots_[hole].head = kNone;
+}
+
+void PrefixIndex::reset() {
+  std::fill(slots_.begin(), slots_.end(), Slot{0, kNone});
+  std::fill(parent_.begin(), parent_.end(), kNone);
+  std::fill(next_same_.begin(), next_same_.end(), kNone);
+  std::fill(next_sibling_.begin(), next_sibling_.end(), kNone);
+  std::fill(prev_sibling_.begin(), prev_sibling_.end(), kNone);
+  first_child_.resize(static_cast<size_t>(num_blocks_));
+  std::fill(first_child_.begin(), first_child_.end(), kNone);
+  for (uint32_t& generation : generation_) ++generation;
+  roots_.clear();
+  num_nodes_ = 0;
+  ++epoch_;
+}
+
+// ---- the engine's prefix cache
+
+Engine::~Engine() = default;
+
+PrefixIndex& Engine::prefix_index() {
+  if (!prefix_) fail(TAGMA_E_STATE, "the prefix index is not enabled (tagma_prefix_enable)");
+  return *prefix_;
+}
+
+void Engine::prefix_enable(int64_t block_size, int32_t eviction_mode) {
+  if (block_size < 1 || block_size > kMaxBlockSize) {
+    fail(TAGMA_E_INVALID_ARG, "block_size ", block_size, " must be in [1, ", kMaxBlockSize, "]");
+  }
+  const EvictionMode mode = parse_eviction_mode(eviction_mode);
+  if (prefix_) fail(TAGMA_E_STATE, "the prefix index is already enabled");
+  if (geometry_.align != 1) fail(TAGMA_E_STATE, "the prefix index needs align 1, the engine has ", geometry_.align);
+  for (size_t b = 0; b < cache_refs_.size(); ++b) {
+    if (cache_refs_[b] != 0) fail(TAGMA_E_STATE, "block ", b, " has a cache reference: clear the cache first");
+  }
+  auto index = std::make_unique<PrefixIndex>(geometry_.num_blocks, static_cast<int32_t>(block_size), mode);
+  prefix_evicted_.reserve(static_cast<size_t>(geometry_.num_blocks));
+  prefix_ = std::move(index);
+}
+
+void Engine::prefix_set_eviction_mode(int32_t eviction_mode) {
+  const EvictionMode mode = parse_eviction_mode(eviction_mode);
+  prefix_index().set_mode(mode);
+}
+
+namespace {
+
+void check_tokens(const int32_t* tokens, int64_t num_tokens) {
+  if (num_tokens < 0) fail(TAGMA_E_INVALID_ARG, "num_tokens ", num_tokens, " must be >= 0");
+  if (num_tokens > 0) require_non_null(tokens, "tokens");
+}
+
+}  // namespace
+
+// The walk shared by lookup and lookup_attach: hit node ids into out (capacity >= blocks asked for).
+int64_t Engine::prefix_walk(uint64_t ns, const int32_t* tokens, int64_t num_tokens, int64_t max_blocks,
+                            int32_t* out) {
+  PrefixIndex& index = *prefix_;
+  const int64_t bs = index.block_size();
+  const int64_t asked = std::min(num_tokens / bs, max_blocks);
+  ++index.counters.lookups;
+  index.counters.lookup_blocks += asked;
+  int32_t node = index.find_root(ns);
+  int64_t hit = 0;
+  if (node != PrefixIndex::kNone) {
+    for (; hit < asked; ++hit) {
+      node = index.find_child(node, tokens + hit * bs);
+      if (node == PrefixIndex::kNone) break;
+      if (out != nullptr) out[hit] = node;
+    }
+  }
+  index.counters.hit_blocks += hit;
+  return hit;
+}
+
+int64_t Engine::prefix_lookup(uint64_t ns, const int32_t* tokens, int64_t num_tokens, int64_t max_blocks,
+                              int32_t* ids_out) {
+  prefix_index();
+  check_tokens(tokens, num_tokens);
+  if (max_blocks < 0) fail(TAGMA_E_INVALID_ARG, "max_blocks ", max_blocks, " must be >= 0");
+  return prefix_walk(ns, tokens, num_tokens, max_blocks, ids_out);
+}
+
+int64_t Engine::prefix_lookup_attach(uint64_t ns, uint64_t id, const int32_t* tokens, int64_t num_tokens,
+                                     int64_t max_blocks) {
+  PrefixIndex& index = prefix_index();
+  Request& request = find_request(id);
+  check_tokens(tokens, num_tokens);
+  if (max_blocks < 0) fail(TAGMA_E_INVALID_ARG, "max_blocks ", max_blocks, " must be >= 0");
+  if (request.num_blocks() != 0) fail(TAGMA_E_STATE, "request ", id, " already holds ", request.num_blocks(), " blocks");
+  if (index.cursors.count(id) != 0) fail(TAGMA_E_STATE, "request ", id, " has already been looked up or indexed");
+
+  const int64_t asked = std::min(num_tokens / index.block_size(), max_blocks);
+  // Every allocation before the walk: a failure then changes nothing.
+  attach_scratch_.resize(static_cast<size_t>(std::min<int64_t>(asked, geometry_.num_blocks)));
+  PrefixIndex::Cursor& cursor = index.cursors[id];
+  const int64_t hit = prefix_walk(ns, tokens, num_tokens, max_blocks, attach_scratch_.data());
+
+  const int64_t ranges_before = request.num_ranges();
+  for (int64_t i = 0; i < hit; ++i) {
+    const int32_t block = attach_scratch_[static_cast<size_t>(i)];
+    const auto b = static_cast<size_t>(block);
+    if (req_refs_[b] == 0) {  // cache-only: in use from now on
+      lru_.remove(block);
+      ++used_blocks_;
+    }
+    ++req_refs_[b];  // a block's request references are bounded by the live requests holding it
+  }
+  for (int64_t run_start = 0; run_start < hit;) {
+    int64_t run_end = run_start + 1;
+    while (run_end < hit && attach_scratch_[static_cast<size_t>(run_end)] ==
+                                attach_scratch_[static_cast<size_t>(run_end - 1)] + 1) {
+      ++run_end;
+    }
+    if (request.append_range(attach_scratch_[static_cast<size_t>(run_start)],
+                             static_cast<int32_t>(run_end - run_start))) {
+      ++counters_.merges;
+    }
+    run_start = run_end;
+  }
+  range_counts_.change(ranges_before, request.num_ranges());
+
+  cursor.ns = ns;
+  cursor.indexed = static_cast<int32_t>(hit);
+  cursor.node = hit > 0 ? attach_scratch_[static_cast<size_t>(hit - 1)] : index.find_root(ns);
+  cursor.generation = hit > 0 ? index.generation(cursor.node) : 0;
+  cursor.epoch = index.epoch();
+  return hit;
+}
+
+int64_t Engine::prefix_insert(uint64_t ns, uint64_t id, const int32_t* tokens, int64_t tokens_start,
+                              int64_t num_tokens) {
+  PrefixIndex& index = prefix_index();
+  const Request& request = find_request(id);
+  check_tokens(tokens, num_tokens);
+  if (tokens_start < 0) fail(TAGMA_E_INVALID_ARG, "tokens_start ", tokens_start, " must be >= 0");
+  if (tokens_start > std::numeric_limits<int64_t>::max() - num_tokens) {
+    fail(TAGMA_E_OVERFLOW, "tokens_start ", tokens_start, " + num_tokens ", num_tokens, " overflows int64");
+  }
+  const int64_t bs = index.block_size();
+  const auto found = index.cursors.find(id);
+  if (found != index.cursors.end() && found->second.ns != ns) {
+    fail(TAGMA_E_STATE, "request ", id, " is indexed in namespace ", found->second.ns, ", not ", ns);
+  }
+  const int64_t indexed = found == index.cursors.end() ? 0 : found->second.indexed;
+  const int64_t target = std::min<int64_t>((tokens_start + num_tokens) / bs, request.num_blocks());
+  if (target <= indexed) return indexed;
+  if (tokens_start > indexed * bs) {
+    fail(TAGMA_E_INVALID_ARG, "tokens_start ", tokens_start, " is past the first token not indexed yet (",
+         indexed * bs, ") of request ", id);
+  }
+
+  // Allocations first (cursor, root): a failure then changes nothing the caller can see.
+  PrefixIndex::Cursor& cursor = found == index.cursors.end() ? index.cursors[id] : found->second;
+  cursor.ns = ns;
+  if (cursor.lost) return cursor.indexed;
+  if (cursor.epoch != 0 && cursor.epoch != index.epoch()) cursor.lost = true;
+  if (!cursor.lost && cursor.node != PrefixIndex::kNone && cursor.node < geometry_.num_blocks &&
+      index.generation(cursor.node) != cursor.generation) {
+    cursor.lost = true;  // the node it reached was evicted
+  }
+  if (cursor.lost) return cursor.indexed;
+  if (cursor.node == PrefixIndex::kNone) cursor.node = index.root(ns);
+  cursor.epoch = index.epoch();
+
+  // Walk the request's ranges from logical block `indexed`.
+  size_t range_index = request.range_index(indexed);
+  int32_t node = cursor.node;
+  int64_t logical = indexed;
+  for (; logical < target; ++logical) {
+    const Range* range = &request.ranges()[range_index];
+    if (logical >= int64_t{range->first_logical} + range->count) range = &request.ranges()[++range_index];
+    const auto block = static_cast<int32_t>(range->start + (logical - range->first_logical));
+    const int32_t* block_tokens = tokens + (logical * bs - tokens_start);
+    const int32_t child = index.find_child(node, block_tokens);
+    if (child != PrefixIndex::kNone) {
+      if (child != block) ++index.counters.duplicate_blocks;
+      node = child;
+      continue;
+    }
+    if (index.indexed(block)) {  // attached from elsewhere under another parent: cannot index it twice
+      cursor.lost = true;
+      break;
+    }
+    index.add_child(node, block, block_tokens);
+    cache_refs_[static_cast<size_t>(block)] = 1;  // in use by this request: not in the LRU
+    ++index.counters.inserted_blocks;
+    node = block;
+  }
+  cursor.indexed = static_cast<int32_t>(logical);
+  cursor.node = node;
+  cursor.generation = node < geometry_.num_blocks ? index.generation(node) : 0;
+  return cursor.indexed;
+}
+
+int64_t Engine::prefix_clear() {
+  PrefixIndex& index = prefix_index();
+  int64_t dropped = 0;
+  FreeRunBuilder freed(free_list_);
+  for (int32_t block = 0; block < geometry_.num_blocks; ++block) {
+    const auto b = static_cast<size_t>(block);
+    if (cache_refs_[b] == 0) continue;
+    ++dropped;
+    cache_refs_[b] = 0;
+    if (req_refs_[b] == 0) {
+      lru_.remove(block);
+      freed.add(block);
+    }
+  }
+  freed.flush();
+  index.reset();
+  ++index.counters.clears;
+  return dropped;
+}
+
+tagma_prefix_stats Engine::prefix_stats() const {
+  if (!prefix_) fail(TAGMA_E_STATE, "the prefix index is not enabled (tagma_prefix_enable)");
+  const PrefixIndex& index = *prefix_;
+  tagma_prefix_stats s{};
+  s.block_size = index.block_size();
+  s.eviction_mode = static_cast<int64_t>(index.mode());
+  s.namespaces = index.num_roots();
+  s.indexed_blocks = index.num_nodes();
+  s.lookups = index.counters.lookups;
+  s.lookup_blocks = index.counters.lookup_blocks;
+  s.hit_blocks = index.counters.hit_blocks;
+  s.inserted_blocks = index.counters.inserted_blocks;
+  s.duplicate_blocks = index.counters.duplicate_blocks;
+  s.evicted_blocks = index.counters.evicted_blocks;
+  s.subtree_blocks = index.counters.subtree_blocks;
+  s.in_place_evictions = index.counters.in_place_evictions;
+  s.window_evictions = index.counters.window_evictions;
+  s.clears = index.counters.clears;
+  return s;
+}
+
+void Engine::prefix_forget(uint64_t id) { prefix_->cursors.erase(id); }
+
+// Evicts indexed block `block` with its subtree: cache-only nodes become free (into `freed`), nodes in use
+// only lose their cache reference. Returns the number of blocks freed.
+int64_t Engine::prefix_evict(int32_t block, FreeRunBuilder& freed) {
+  PrefixIndex& index = *prefix_;
+  int64_t freed_blocks = 0;
+  index.remove_subtree(block, [&](int32_t node) {
+    const auto b = static_cast<size_t>(node);
+    cache_refs_[b] = 0;
+    if (node != block) ++index.counters.subtree_blocks;
+    if (req_refs_[b] == 0) {
+      lru_.remove(node);
+      freed.add(node);
+      prefix_evicted_.push_back(node);
+      ++freed_blocks;
+    }
+  });
+  index.counters.evicted_blocks += freed_blocks;
+  return freed_blocks;
+}
+
+// Cache-only blocks in [start, start + count) stop at the first block in use; evicts those. Returns blocks freed.
+int64_t Engine::prefix_evict_window(int32_t start, int64_t count) {
+  FreeRunBuilder freed(free_list_);
+  int64_t evicted = 0;
+  const int64_t end = std::min<int64_t>(int64_t{start} + count, geometry_.end_usable);
+  for (int64_t b = start; b < end && req_refs_[static_cast<size_t>(b)] == 0; ++b) {
+    if (lru_.contains(static_cast<int32_t>(b))) evicted += prefix_evict(static_cast<int32_t>(b), freed);
+  }
+  freed.flush();
+  return evicted;
+}
+
+// Frees blocks for an append of `count` to `request` by the eviction mode (free + cache-only >= count is
+// checked by the caller). Returns the number of blocks evicted.
+int64_t Engine::prefix_make_room(const Request& request, int64_t count) {
+  PrefixIndex& index = *prefix_;
+  prefix_evicted_.clear();
+  int64_t evicted = 0;
+  const bool grows = !request.ranges().empty();
+  const EvictionMode mode = index.mode();
+  if (mode != EvictionMode::kLru && grows &&
+      (mode == EvictionMode::kInPlace || free_list_.free_blocks() < count)) {
+    const int32_t end = request.ranges().back().end();
+    const int64_t in_place = prefix_evict_window(end, count);
+    index.counters.in_place_evictions += in_place;
+    evicted += in_place;
+  }
+  if (mode == EvictionMode::kLru) {
+    const int64_t need = count - free_list_.free_blocks();
+    FreeRunBuilder freed(free_list_);
+    int64_t done = 0;
+    while (done < need) done += prefix_evict(lru_.front(), freed);
+    freed.flush();
+    return evicted + done;
+  }
+  while (free_list_.free_blocks() < count) {
+    // A window of blocks not in use around the LRU victim, as long as the new range needs.
+    const int64_t rest = count - growth_room(request, count);
+    const int32_t victim = lru_.front();
+    int32_t lo = victim;
+    int32_t hi = victim + 1;
+    while (hi < geometry_.end_usable && hi - lo < rest && req_refs_[static_cast<size_t>(hi)] == 0) ++hi;
+    while (lo > geometry_.first_usable && hi - lo < rest && req_refs_[static_cast<size_t>(lo - 1)] == 0) --lo;
+    evicted += prefix_evict_window(lo, hi - lo);
+    ++index.counters.window_evictions;
+  }
+  return evicted;
+}
+
+}  // namespace tagma
