@@ -29,7 +29,9 @@ from harness.files import point_latest, write_json, write_text_atomic
 
 log = logging.getLogger("benchmarks.host")
 
-SECTIONS = ("engine_ops", "manager", "write_path", "block_table_traffic", "fragmentation", "profile")
+SECTIONS = (
+    "engine_ops", "manager", "prefix_ops", "write_path", "block_table_traffic", "fragmentation", "profile",
+)
 
 
 def _native(cfg: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
@@ -67,6 +69,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         engine_ops,
         fragmentation,
         manager_ops,
+        prefix_ops,
         profiles,
         report,
         write_path,
@@ -118,6 +121,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "engine_ops": lambda: engine_ops.run(cfg, native_data),
         "manager": lambda: manager_ops.run(cfg),
+        "prefix_ops": lambda: prefix_ops.run(cfg),
         "write_path": lambda: write_path.run(cfg, native_data),
         "block_table_traffic": lambda: block_table_traffic.run(cfg),
         "fragmentation": lambda: fragmentation.run(cfg),
@@ -135,6 +139,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     result["duration_s"] = round(time.time() - started, 2)
     result["checks"] = {
         "manager_outcomes_identical": result["sections"].get("manager", {}).get("outcomes_identical"),
+        "prefix_ops_outcomes_identical": result["sections"].get("prefix_ops", {}).get("outcomes_identical"),
         "write_path_slot_mappings_identical": result["sections"].get("write_path", {}).get("all_identical"),
         "block_table_slot_mappings_identical": result["sections"]
         .get("block_table_traffic", {})

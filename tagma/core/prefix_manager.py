@@ -55,6 +55,7 @@ DEFAULT_EVICTION = "contiguous"
 
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 _NO_TOKENS = "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
+HASHED_REQUEST_WARNING = "tagma: a request arrived with vLLM block hashes (the engine core hashed it)"
 _LOST = 1 << 62  # "indexed up to" of a request whose index cursor was lost: nothing more to insert
 
 # The engine's eviction modes (tagma.h TAGMA_EVICT_*).
@@ -176,11 +177,6 @@ class HitBlocks(KVCacheBlocks):
         return f"HitBlocks(ids={self._ids.tolist()!r})"
 
 
-def _tokens(request: Request, start: int, end: int) -> array:
-    """The request's token ids [start, end) as an int32 buffer (one C-speed conversion)."""
-    return array("i", request._all_token_ids[start:end])
-
-
 class PrefixKVCacheManager(RangeKVCacheManager):
     """``KVCacheManager`` for prefix caching on, built through ``TagmaKVCacheManager(...)`` (same arguments;
     ``prefix_eviction``: ``lru`` | ``contiguous`` | ``in_place``, default ``$TAGMA_PREFIX_EVICTION`` or
@@ -243,8 +239,10 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         self._indexed: dict[str, int] = {}  # request id -> full blocks asked to be indexed (_LOST: none)
         self._i64b = ctypes.c_int64(0)
         self._i64b_p = ctypes.addressof(self._i64b)
-        # the last lookup, reused by the allocate_slots that follows it: (request id, tokens, hit blocks)
-        self._last: tuple[str, array, int] | None = None
+        # request id -> its token ids converted to int32 so far (a prefix of all_token_ids): one conversion
+        # per token for lookups (repeated while a request waits), the attach and the inserts
+        self._tok: dict[str, array] = {}
+        self._hashed_warned = False
         # A deferred free (pop_blocks_for_free) releases through the pool: recount the free blocks after.
         pool = self.block_pool
         pool_free_blocks = pool.free_blocks
@@ -286,9 +284,21 @@ class PrefixKVCacheManager(RangeKVCacheManager):
 
     # ---- lookup
 
+    def _tokens(self, request: Request, end: int) -> array:
+        """The request's token ids [0, end) (at least) as an int32 array, converted once per token."""
+        tokens = self._tok.get(request.request_id)
+        if tokens is None:
+            tokens = self._tok[request.request_id] = array("i", request._all_token_ids[:end])
+        elif len(tokens) < end:
+            tokens.extend(request._all_token_ids[len(tokens) : end])
+        return tokens
+
     def get_computed_blocks(
         self, request: Request, *args: Any, **kwargs: Any
     ) -> tuple[KVCacheBlocks, int, int]:
+        if request.block_hashes and not self._hashed_warned:
+            self._hashed_warned = True  # the hook did not apply: correct, but the hashing cost is back
+            logger.warning("%s: %s", HASHED_REQUEST_WARNING, request.request_id)
         if request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0, 0
         bs = self.block_size
@@ -298,14 +308,12 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         if max_blocks <= 0:
             return self.empty_kv_cache_blocks, 0, 0
         ns = self._namespace(request)
-        tokens = _tokens(request, 0, max_blocks * bs)
-        status = self._f_lookup(
-            self._h, ns, tokens.buffer_info()[0], len(tokens), max_blocks, self._hit_p, self._i64b_p
-        )
+        tokens = self._tokens(request, max_blocks * bs)
+        ptr = tokens.buffer_info()[0]
+        status = self._f_lookup(self._h, ns, ptr, max_blocks * bs, max_blocks, self._hit_p, self._i64b_p)
         if status:
             _raise(self._lib, status)
         hit = self._i64b.value
-        self._last = (request.request_id, tokens, hit)
         if not hit:
             return self.empty_kv_cache_blocks, 0, 0
         return HitBlocks(self._hit_buf[:hit].copy(), self.block_pool), hit * bs, 0
@@ -416,12 +424,7 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         """Attach the request's first ``hits`` cached blocks (one index walk) and recount the free blocks."""
         rid = request.request_id
         bs = self.block_size
-        last = self._last
-        if last is not None and last[0] == rid and last[2] >= hits:
-            tokens = last[1]
-        else:
-            tokens = _tokens(request, 0, hits * bs)
-        self._last = None
+        tokens = self._tokens(request, hits * bs)
         status = self._f_lookup_attach(
             self._h, self._ns[rid], eng, tokens.buffer_info()[0], hits * bs, hits, self._i64b_p
         )
@@ -446,9 +449,9 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         ns = self._ns.get(rid)
         if ns is None:
             ns = self._ns[rid] = self._namespace(request)
-        tokens = _tokens(request, start * bs, full * bs)
-        ptr = tokens.buffer_info()[0]
-        status = self._f_insert(self._h, ns, eng, ptr, start * bs, len(tokens), self._i64b_p)
+        tokens = self._tokens(request, full * bs)
+        ptr = tokens.buffer_info()[0] + 4 * start * bs
+        status = self._f_insert(self._h, ns, eng, ptr, start * bs, (full - start) * bs, self._i64b_p)
         if status:
             _raise(self._lib, status)
         self._indexed[rid] = full if self._i64b.value >= full else _LOST
@@ -465,6 +468,7 @@ class PrefixKVCacheManager(RangeKVCacheManager):
 
     def free(self, request: Request) -> None:
         rid = request.request_id
+        self._tok.pop(rid, None)
         self._indexed.pop(rid, None)
         self._ns.pop(rid, None)
         self._held.pop(rid, None)
@@ -477,6 +481,7 @@ class PrefixKVCacheManager(RangeKVCacheManager):
 
     def pop_blocks_for_free(self, request: Request) -> Any:
         rid = request.request_id
+        self._tok.pop(rid, None)
         self._indexed.pop(rid, None)
         self._ns.pop(rid, None)
         return super().pop_blocks_for_free(request)

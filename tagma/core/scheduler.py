@@ -17,6 +17,7 @@ gets ``None``, so its requests are built without block hashes and never hashed.
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from typing import Any
@@ -35,6 +36,9 @@ __all__ = [
     "hashing_needed",
     "install_hashless_hook",
 ]
+
+logger = logging.getLogger("vllm.tagma")
+HASHING_OFF_MESSAGE = "tagma: prefix caching by the engine's prefix index; vLLM's request hashing is off"
 
 _construction_lock = threading.Lock()
 _ENGINE_CORE_MODULE = "vllm.v1.engine.core"
@@ -71,6 +75,7 @@ def install_hashless_hook() -> bool:
         # The caller is EngineCore.__init__, which has just built self.scheduler.
         owner = sys._getframe(1).f_locals.get("self")
         if owner is not None and not hashing_needed(owner):
+            logger.info(HASHING_OFF_MESSAGE)
             return None
         return original(*args, **kwargs)
 

@@ -11,7 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks.host.report import block_table_traffic, engine_ops, fragmentation, manager_ops, write_path
+from benchmarks.host.report import (
+    block_table_traffic,
+    engine_ops,
+    fragmentation,
+    manager_ops,
+    prefix_ops,
+    write_path,
+)
 from benchmarks.host.report.table import GUIDE, TARGETS, at, summary_table
 
 __all__ = [
@@ -22,12 +29,13 @@ __all__ = [
 # Section name in host_bench.json -> (its report module, its figure's file name); the order of the headline.
 SECTIONS: dict[str, tuple[Any, str]] = {
     "manager": (manager_ops, "manager.png"),
+    "prefix_ops": (prefix_ops, "prefix_ops.png"),
     "write_path": (write_path, "write_path.png"),
     "engine_ops": (engine_ops, "engine_ops.png"),
     "block_table_traffic": (block_table_traffic, "block_table_traffic.png"),
     "fragmentation": (fragmentation, "fragmentation.png"),
 }
-FIGURE_ORDER = ("engine_ops", "manager", "write_path", "block_table_traffic", "fragmentation")
+FIGURE_ORDER = ("engine_ops", "manager", "prefix_ops", "write_path", "block_table_traffic", "fragmentation")
 
 
 def target_texts() -> dict[str, str]:

@@ -58,6 +58,8 @@ TARGETS: dict[str, Target] = {
     "block_table_bytes": Target(">= 100x fewer bytes per step", 100.0),
     "resident_bytes": Target(">= 10x fewer Python bytes per resident request than vLLM", 10.0),
     "binding_fixed": Target("< 1 us binding cost per engine crossing on hot paths", 1000.0, "max"),
+    "admission_free_prefix_hashed": Target(">= 20x cheaper than vLLM incl. its request hashing", 20.0),
+    "prefix_hit_lookup": Target(">= 10x cheaper than vLLM's get_computed_blocks", 10.0),
     "fragmentation": Target("pool x0.7 with preemptions: mean <= 4, p99 <= 32 ranges/request, none rejected",
                             4.0, "max"),
 }
