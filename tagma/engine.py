@@ -28,6 +28,7 @@ I64Array = npt.NDArray[np.int64]
 IntArrayLike = npt.ArrayLike
 
 __all__ = [
+    "AppendBatch",
     "AppendResult",
     "BlockStateError",
     "CoordLayout",
@@ -46,6 +47,7 @@ __all__ = [
     "TagmaError",
     "TagmaOverflowError",
     "coord_offset",
+    "hot_function",
     "library_path",
     "SlotMappingStep",
     "slot_mapping_paged",
@@ -280,6 +282,7 @@ _SIGNATURES: Final[dict[str, tuple[Any, list[Any]]]] = {
     "tagma_coord_offset": (_STATUS, [_VP, _I64, _I64, _I64, _VP]),
     # range manager
     "tagma_request_append_runs": (_STATUS, [_U64, _U64, _I64, _I64, _VP, _I64, _VP]),
+    "tagma_append_runs_batch": (_STATUS, [_VP]),
 }
 
 _DEFAULT_LIB: Final = Path(__file__).resolve().parent / "_lib" / "libtagma.so"
@@ -332,6 +335,20 @@ def _raise(lib: ctypes.CDLL, status: int) -> NoReturn:
     raw = lib.tagma_last_error()
     message = raw.decode("utf-8", "replace") if raw else ""
     raise _error(status, message)
+
+
+def hot_function(name: str, *argtypes: Any) -> Any:
+    """A prebound hot-path entry point: ABI function ``name`` through a ``PYFUNCTYPE`` prototype.
+
+    Unlike the library's ordinary function objects it keeps the GIL during the call (no release and
+    re-acquire around a call of a microsecond or less, and no wait for the GIL afterwards when another thread
+    holds it); the engine's calls are short and never call back into Python. Pass arguments as ctypes
+    objects made once (a ``c_void_p`` to a prefilled struct): a Python int is converted on every call.
+    """
+    lib = _load()
+    if name not in _SIGNATURES:
+        raise ValueError(f"{name!r} is not a tagma ABI function")
+    return ctypes.PYFUNCTYPE(_STATUS, *argtypes)((name, lib))
 
 
 def version() -> str:
@@ -763,6 +780,118 @@ class RangeEngine:
         if status:
             _raise(self._lib, status)
         return buf[: self._i64.value]
+
+    def append_runs_batch(
+        self, requests: IntArrayLike, counts: IntArrayLike, hints: IntArrayLike | None = None
+    ) -> tuple[list[int], list[I32Array]]:
+        """One ``tagma_append_runs_batch``: for each i in order, ``counts[i]`` new blocks for ``requests[i]``
+        (0: a new request), placed as the same :meth:`append_runs` calls one by one would place them.
+
+        Returns the request ids (new ones filled in) and each entry's (K, 2) int32 (start, count) runs. All or
+        nothing: on error the engine is unchanged. (The range manager's hot path is :class:`AppendBatch`.)
+        """
+        ids = [int(r) for r in np.asarray(requests).ravel()]
+        if any(r < 0 or r >= 2**64 for r in ids):
+            raise OutOfRangeError(TAGMA_E_OUT_OF_RANGE, "requests has a value outside uint64")
+        reqs = np.array(ids, dtype=np.uint64)  # a copy: the engine writes new ids into it
+        cnts = _as_i64(counts, "counts")
+        n = reqs.size
+        if cnts.shape != (n,):
+            raise ValueError(f"counts must have one entry per request, got {cnts.shape} for {n} requests")
+        hnts = None if hints is None else _as_i64(hints, "hints")
+        if hnts is not None and hnts.shape != (n,):
+            raise ValueError(f"hints must have one entry per request, got {hnts.shape}")
+        total = int(np.clip(cnts, 0, None).sum()) if n else 0
+        cap = total if 0 < total <= self._num_blocks else 1
+        runs = np.empty((cap, 2), dtype=np.int32)
+        offsets = np.empty(n + 1, dtype=np.int64)
+        args = _CAppendBatch(
+            engine=self._handle,
+            requests=reqs.ctypes.data if n else None,
+            counts=cnts.ctypes.data if n else None,
+            hints=hnts.ctypes.data if hnts is not None and n else None,
+            num_requests=n,
+            runs_out=runs.ctypes.data,
+            runs_capacity=cap,
+            run_offsets=offsets.ctypes.data,
+        )
+        status = self._lib.tagma_append_runs_batch(ctypes.addressof(args))
+        if status:
+            _raise(self._lib, status)
+        return [int(r) for r in reqs], [runs[offsets[i] : offsets[i + 1]] for i in range(n)]
+
+
+class _CAppendBatch(ctypes.Structure):
+    """Mirror of ``tagma_append_batch`` (tagma.h); pointers as integer addresses."""
+
+    _fields_ = [
+        ("engine", _U64),
+        ("requests", _VP),
+        ("counts", _VP),
+        ("hints", _VP),
+        ("num_requests", _I64),
+        ("runs_out", _VP),
+        ("runs_capacity", _I64),
+        ("run_offsets", _VP),
+    ]
+
+
+class AppendBatch:
+    """A prepared ``tagma_append_runs_batch`` on one engine: the range manager's one crossing per step.
+
+    The caller writes entry i into ``requests[i]`` (0: create a request; its id is written back) and
+    ``counts[i]`` (ctypes arrays of :attr:`capacity` entries; :meth:`reserve` grows them), then calls
+    ``batch(n)``: one prebound call with one prefilled-struct argument and no Python-side checking (the
+    engine validates everything and changes nothing on error, raised as a :class:`TagmaError`). Entry i's
+    runs are then the int32 pairs ``runs[2 * offsets[i] : 2 * offsets[i + 1]]``. ``runs`` holds a pair per
+    block of the engine, so any batch that fits in the free blocks fits in it. No growth hints.
+    """
+
+    __slots__ = ("_arg", "_args", "_engine", "_fn", "_lib", "counts", "offsets", "requests", "runs")
+
+    def __init__(self, engine: RangeEngine, capacity: int = 64) -> None:
+        self._engine = engine
+        self._lib = engine._lib
+        self._fn = hot_function("tagma_append_runs_batch", _VP)
+        self._args = _CAppendBatch(engine=engine.handle)
+        self._arg = _VP(ctypes.addressof(self._args))
+        self.runs = (_I32 * (2 * engine.num_blocks))()
+        self._args.runs_out = ctypes.addressof(self.runs)
+        self._args.runs_capacity = engine.num_blocks
+        self.requests: Any = None
+        self.counts: Any = None
+        self.offsets: Any = None
+        self._bind(max(1, int(capacity)))
+
+    def _bind(self, capacity: int) -> None:
+        requests, counts = (_U64 * capacity)(), (_I64 * capacity)()
+        if self.requests is not None:  # keep what is written so far
+            n = len(self.requests)
+            requests[:n] = self.requests[:]
+            counts[:n] = self.counts[:]
+        self.requests, self.counts = requests, counts
+        self.offsets = (_I64 * (capacity + 1))()
+        a = self._args
+        a.requests = ctypes.addressof(requests)
+        a.counts = ctypes.addressof(counts)
+        a.run_offsets = ctypes.addressof(self.offsets)
+
+    @property
+    def capacity(self) -> int:
+        """Entries the bound arrays hold."""
+        return len(self.requests)
+
+    def reserve(self, n: int) -> None:
+        """Room for ``n`` entries: rebinds ``requests``, ``counts`` and ``offsets``, keeping entries."""
+        if n > len(self.requests):
+            self._bind(max(n, 2 * len(self.requests)))
+
+    def __call__(self, n: int) -> None:
+        """Apply entries ``[0, n)`` in one engine call."""
+        self._args.num_requests = n
+        status = self._fn(self._arg)
+        if status:
+            _raise(self._lib, status)
 
 
 # --------------------------------------------------------------------------------------- pure functions

@@ -652,20 +652,29 @@ def test_range_manager_full_sequence_admission_watermark_and_reserved() -> None:
     assert_no_leak(twin.tagma)
 
 
+class CountingBatch:
+    """Wraps a manager's prepared batch call; records the counts of every engine crossing."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[list[int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __call__(self, n: int) -> None:
+        self.calls.append(list(self.inner.counts[:n]))
+        self.inner(n)
+
+
 def test_range_manager_decode_fast_path_makes_no_engine_call() -> None:
     manager = TagmaKVCacheManager(make_config(64), **manager_kwargs(enable_caching=False))
     assert isinstance(manager, RangeKVCacheManager)
-    calls: list[int] = []
-    append = manager._f_append_runs
-
-    def counting(*args: Any) -> int:
-        calls.append(args[2])
-        return append(*args)
-
-    manager._f_append_runs = counting
+    batch = manager._batch = CountingBatch(manager._batch)
     req = make_request("r", list(range(1, 6)))  # 5 tokens: 2 blocks of 4
     new = manager.allocate_slots(req, req.num_tokens)
-    assert isinstance(new, RangeBlocks) and calls == [2]
+    assert isinstance(new, RangeBlocks) and new.pending and len(new) == 2 and batch.calls == []
+    assert len(new.get_block_ids()[0]) == 2 and batch.calls == [[2]]  # applied when the ids are read
     req.num_computed_tokens = req.num_tokens
     req.status = RequestStatus.RUNNING
     outcomes = []
@@ -677,7 +686,7 @@ def test_range_manager_decode_fast_path_makes_no_engine_call() -> None:
         req.num_computed_tokens += 1
     # Tokens 6..13: blocks are crossed at tokens 9 and 13; every other step is the no-call fast path.
     assert outcomes == [0, 0, 0, 1, 0, 0, 0, 1]
-    assert calls == [2, 1, 1]
+    assert batch.calls == [[2], [1], [1]]
     engine_ids = manager.engine.blocks(manager.block_pool.engine_request("r")).tolist()
     assert manager.get_block_ids("r")[0] == engine_ids
     manager.free(req)

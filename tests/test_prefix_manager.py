@@ -376,15 +376,20 @@ def test_decode_steps_without_a_new_full_block_make_no_engine_call() -> None:
     assert manager.allocate_slots(req, req.num_tokens, hit, computed) is not None
     req.status = RequestStatus.RUNNING
     req.num_computed_tokens = req.num_tokens
+    manager._flush()
     calls = []
-    for name in ("_f_append_runs", "_f_insert", "_f_lookup", "_f_lookup_attach", "_f_stats"):
+    for name in ("_f_insert", "_f_lookup", "_f_lookup_attach", "_f_stats", "_f_release", "_f_create"):
         fn = getattr(manager, name)
         setattr(manager, name, lambda *a, _fn=fn, _n=name: calls.append(_n) or _fn(*a))
     for tok in range(BLOCK - 2):  # fills the third block up to its last slot
         req.append_output_token_ids(tok)
         assert manager.allocate_slots(req, 1) is manager.empty_kv_cache_blocks
         req.num_computed_tokens += 1
+        assert not manager._p_reqs and not manager._p_insert  # nothing queued for the engine either
     assert calls == []
     req.append_output_token_ids(7)
-    manager.allocate_slots(req, 1)  # the third block is full now: indexed (one insert call)
+    manager.allocate_slots(req, 1)  # the third block is full now: its insert is queued
+    assert calls == [] and set(manager._p_insert) == {"a"}
+    manager._flush()  # (the scheduler's read of new block ids does this once per step)
     assert calls == ["_f_insert"]
+    assert manager.estimate_cached_tokens(req) == 3 * BLOCK

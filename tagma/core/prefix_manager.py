@@ -230,6 +230,10 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         self._f_clear = fns["tagma_prefix_clear"]
         self._f_prefix_stats = fns["tagma_prefix_stats_get"]
         self._f_stats = self.engine._f_stats
+        self._f_append_one = self.engine._f_append_runs
+        self._one_runs_cap = max(self.block_pool.num_gpu_blocks, 1)
+        self._one_runs = (ctypes.c_int32 * (2 * self._one_runs_cap))()
+        self._one_runs_p = ctypes.addressof(self._one_runs)
         self._stats = self.engine._stats
         self._stats_p = self.engine._stats_p
         self._hit_buf = np.empty(max(self.block_pool.num_gpu_blocks, 1), dtype=np.int32)
@@ -243,6 +247,8 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         # per token for lookups (repeated while a request waits), the attach and the inserts
         self._tok: dict[str, array] = {}
         self._hashed_warned = False
+        # inserts waiting for the queued appends: request id -> (request, full blocks to index)
+        self._p_insert: dict[str, tuple[Request, int]] = {}
         # A deferred free (pop_blocks_for_free) releases through the pool: recount the free blocks after.
         pool = self.block_pool
         pool_free_blocks = pool.free_blocks
@@ -275,8 +281,8 @@ class PrefixKVCacheManager(RangeKVCacheManager):
     # ---- free count
 
     def _sync_free(self) -> None:
-        """vLLM's free count (free + cache-only blocks) from the engine: after releases and attaches, where
-        blocks shared with other requests make the change not the request's own count."""
+        """vLLM's free count (free + cache-only blocks) from the engine, after releases and attaches (blocks
+        shared with other requests make the change not the request's own count). Nothing may be queued."""
         status = self._f_stats(self._h, self._stats_p)
         if status:
             _raise(self._lib, status)
@@ -301,6 +307,8 @@ class PrefixKVCacheManager(RangeKVCacheManager):
             logger.warning("%s: %s", HASHED_REQUEST_WARNING, request.request_id)
         if request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0, 0
+        if self._p_reqs or self._p_insert:
+            self._flush()  # the index as vLLM's prefix cache is now: every earlier allocation's blocks cached
         bs = self.block_size
         max_blocks = (request.num_tokens - 1) // bs
         if max_blocks > len(self._hit_buf):
@@ -326,6 +334,7 @@ class PrefixKVCacheManager(RangeKVCacheManager):
             ids = hits.ids[:count]
         else:
             ids = np.asarray(hits.get_block_ids()[0][:count], dtype=np.int64)  # type: ignore[union-attr]
+        self._flush()
         req_refs, _ = self.engine.block_state()
         return int(np.count_nonzero(req_refs[ids] == 0))
 
@@ -391,39 +400,91 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         if request.num_computed_tokens == 0 and held == 0:
             self._ns[rid] = self._namespace(request)
         eng = pool._engine_reqs.get(rid)
-        if (hits or need or num_external_computed_tokens) and eng is None:
-            status = self._f_create(self._h, self._u64_p)
-            if status:
-                _raise(self._lib, status)
-            eng = self._u64.value
-            pool._engine_reqs[rid] = eng
+        if eng is None and rid in self._p_new:  # its engine request is queued for creation: apply the queue
+            self._flush()
+            eng = pool._engine_reqs[rid]
         if hits:
+            if eng is None:
+                eng = self._create(rid)  # the hit is attached now (one index walk), before any append
             self._attach(request, eng, hits)
         blocks: KVCacheBlocks = self.empty_kv_cache_blocks
         if num_external_computed_tokens:
             external = -(-computed // bs) - held - hits
             if external > 0:
-                runs = self._append(eng, rid, external)  # type: ignore[arg-type]
-                if self._zeroing and 0 not in kwargs.get("skip_zeroing_group_ids", ()):
-                    self._zero_ids.append(ids_from_runs(runs, self._table))
+                if eng is None:
+                    eng = self._create(rid)
+                zero = self._zeroing and 0 not in kwargs.get("skip_zeroing_group_ids", ())
+                self._queue(rid, eng, external, None, zero)
                 need -= external
         if need > 0:
-            runs = self._append(eng, rid, need)  # type: ignore[arg-type]
-            if self._zeroing:
-                self._zero_ids.append(ids_from_runs(runs, self._table))
-            blocks = RangeBlocks(runs, need, self._table, pool)
+            view = RangeBlocks(None, need, self._table, pool, self)
+            self._queue(rid, eng or 0, need, view, True)
+            blocks = view
         if not delay_cache_blocks:
             cache_to = computed + num_new_tokens
             if cache_to > request.num_tokens:
                 cache_to = request.num_tokens
             if cache_to // bs > self._indexed.get(rid, 0):
-                self._insert(request, eng, cache_to // bs)
+                # indexed when the queued appends are applied (the blocks must exist in the engine)
+                self._p_insert[rid] = (request, cache_to // bs)
         return blocks
+
+    def _flush(self) -> None:
+        """Apply the queued appends (one engine call), then the queued inserts into the prefix index.
+
+        The batched append takes free blocks only; when the queued blocks need cache-only blocks evicted
+        (the engine's free blocks are fewer), each entry is appended by its own call, which evicts as the
+        index's eviction mode says.
+        """
+        if self._p_reqs:
+            status = self._f_stats(self._h, self._stats_p)
+            if status:
+                _raise(self._lib, status)
+            if self._stats.free_blocks >= sum(self._p_counts):
+                super()._flush()
+            else:
+                self._flush_evicting()
+        if self._p_insert:
+            pending, self._p_insert = self._p_insert, {}
+            engine_reqs = self.block_pool._engine_reqs
+            for rid, (request, full) in pending.items():
+                self._insert(request, engine_reqs.get(rid), full)
+
+    def _flush_evicting(self) -> None:
+        """The queued appends one call each (``tagma_request_append_runs``, which may evict), with the
+        bookkeeping of the batched path: pending views get their runs, new engine requests are recorded,
+        blocks to zero are noted. On an engine error the entries not yet appended are unqueued."""
+        reqs, counts, rids, views = self._p_reqs, self._p_counts, self._p_rids, self._p_views
+        zero = self._p_zero
+        self._p_reqs, self._p_counts, self._p_rids, self._p_views = [], [], [], []
+        self._p_zero, self._p_new = [], {}
+        engine_reqs = self.block_pool._engine_reqs
+        for i, count in enumerate(counts):
+            rid = rids[i]
+            try:
+                eng = reqs[i] or engine_reqs.get(rid) or self._create(rid)
+                status = self._f_append_one(
+                    self._h, eng, count, 0, self._one_runs_p, self._one_runs_cap, self._i64b_p
+                )
+                if status:
+                    _raise(self._lib, status)
+            except Exception:
+                self._p_rids, self._p_counts = rids[i:], counts[i:]
+                self._unqueue()
+                self._p_rids, self._p_counts = [], []
+                raise
+            run = self._one_runs[: 2 * self._i64b.value]
+            if views[i] is not None:
+                views[i]._runs = run
+            if zero and zero[i]:
+                self._zero_ids.append(ids_from_runs(run, self._table))
 
     def _attach(self, request: Request, eng: int, hits: int) -> None:
         """Attach the request's first ``hits`` cached blocks (one index walk) and recount the free blocks."""
         rid = request.request_id
         bs = self.block_size
+        if self._p_reqs or self._p_insert:
+            self._flush()  # the free count below is read from the engine
         tokens = self._tokens(request, hits * bs)
         status = self._f_lookup_attach(
             self._h, self._ns[rid], eng, tokens.buffer_info()[0], hits * bs, hits, self._i64b_p
@@ -462,11 +523,14 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         if full > self._held.get(rid, 0):
             full = self._held.get(rid, 0)
         if full > self._indexed.get(rid, 0):
+            self._flush()
             self._insert(request, self.block_pool._engine_reqs.get(rid), full)
 
     # ---- free
 
     def free(self, request: Request) -> None:
+        if self._p_reqs or self._p_insert:
+            self._flush()  # the request may have queued blocks or inserts
         rid = request.request_id
         self._tok.pop(rid, None)
         self._indexed.pop(rid, None)
@@ -480,6 +544,7 @@ class PrefixKVCacheManager(RangeKVCacheManager):
             self._sync_free()
 
     def pop_blocks_for_free(self, request: Request) -> Any:
+        self._flush()
         rid = request.request_id
         self._tok.pop(rid, None)
         self._indexed.pop(rid, None)
@@ -493,6 +558,7 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         return 0 if indexed == _LOST else indexed * self.block_size
 
     def reset_prefix_cache(self) -> bool:
+        self._flush()
         used = self.block_pool.num_gpu_blocks - 1 - self.block_pool._num_free
         if used:
             logger.warning("Failed to reset prefix cache because some blocks (%d) are not freed yet", used)

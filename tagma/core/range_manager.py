@@ -5,14 +5,23 @@ one, so the coordinator, the block pool and every attribute the scheduler or the
 but on its hot paths no ``KVCacheBlock`` object is touched and no per-block Python loop runs:
 
 * a request is one engine request (held by the block pool's request map) plus the number of blocks it holds;
-* ``allocate_slots`` computes the blocks a step needs with vLLM's arithmetic; a step that needs none (most
-  decode steps) returns without calling the engine; one that needs some makes one C call, which writes the
-  new block ids into an int32 array;
-* the ``KVCacheBlocks`` it returns is a :class:`RangeBlocks` view over that array: block ids come out in one
-  vectorised ``tolist`` when the scheduler asks for them, ``KVCacheBlock`` objects only if some caller asks
-  for ``.blocks``;
+* ``allocate_slots`` computes the blocks a step needs with vLLM's arithmetic and keeps the free count; a
+  step that needs none (most decode steps) returns without touching the engine; one that needs some queues
+  (engine request, count) and returns a lazy :class:`RangeBlocks`;
+* the queued appends of a scheduler step cross the C ABI once (``tagma_append_runs_batch``), the first time
+  anything needs block ids or engine state (normally the scheduler reading the new block ids when it builds
+  its output); the engine places them exactly as one call per request would, in the same order;
+* ``RangeBlocks`` is a view over runs of consecutive block ids: block ids come out as one list slice per run
+  of an id table when the scheduler asks for them, ``KVCacheBlock`` objects only if some caller asks for
+  ``.blocks``;
 * ``free`` is one C call (the engine releases the request's ranges and coalesces the free list); the free
   count is a Python int kept beside it, so admission checks need no engine call.
+
+Which methods apply the queued appends (``_flush``) first: ``free``, ``pop_blocks_for_free``,
+``get_blocks``, ``get_block_ids``, ``engine_block_ids``, ``ranges_per_request_counts`` (telemetry),
+``record_blocks_for_zeroing``, ``take_new_block_ids``, ``allocate_slots`` of a request whose engine request
+is still queued for creation, and every block-id accessor of a pending :class:`RangeBlocks`. A subclass that
+reads or changes engine state must call ``_flush()`` before it does.
 
 With prefix caching on, :class:`tagma.core.manager.TagmaKVCacheManager` keeps vLLM's block objects (their
 hashes are the prefix-cache index). ``TagmaKVCacheManager(...)`` returns this class when caching is off,
@@ -33,7 +42,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from tagma.core.block_pool import RangeRelease
 from tagma.core.manager import TagmaKVCacheManager
-from tagma.engine import I32Array, _raise
+from tagma.engine import AppendBatch, I32Array, TagmaError, _raise, hot_function
 from tagma.errors import TagmaUnsupported
 
 __all__ = ["RangeBlocks", "RangeKVCacheManager"]
@@ -60,25 +69,55 @@ class RangeBlocks(KVCacheBlocks):
     ``runs`` is flat: (start, count, start, count, ...). ``get_block_ids`` builds the id list with one list
     slice per run of the pool's id table (the ints vLLM's blocks already hold: no int is created);
     ``blocks`` (the pool's ``KVCacheBlock`` objects) is built only when a caller asks for it.
+
+    Blocks that ``allocate_slots`` queued are pending (``runs`` None, ``manager`` set): the first accessor
+    that needs their ids applies the manager's queued appends (one engine call for all of them). ``len`` is
+    known without it.
     """
 
-    __slots__ = ("_num", "_pool", "_runs", "_table")
+    __slots__ = ("_manager", "_num", "_pool", "_runs", "_table")
 
-    def __init__(self, runs: list[int], num_blocks: int, table: list[int], pool: BlockPool) -> None:
+    def __init__(
+        self,
+        runs: list[int] | None,
+        num_blocks: int,
+        table: list[int],
+        pool: BlockPool,
+        manager: RangeKVCacheManager | None = None,
+    ) -> None:
         self._runs = runs  # no dataclass __init__: ``blocks`` is a property here
         self._num = num_blocks
         self._table = table
         self._pool = pool
+        self._manager = manager
+
+    def _resolved(self) -> list[int]:
+        runs = self._runs
+        if runs is None:
+            if self._manager is not None:
+                self._manager._flush()
+                runs = self._runs
+            if runs is None:
+                raise RuntimeError(
+                    "tagma: the engine append of these blocks failed (the error was raised when the "
+                    "manager's queued appends were applied)"
+                )
+        return runs
+
+    @property
+    def pending(self) -> bool:
+        """Whether the blocks are still queued in the manager (no engine call made for them yet)."""
+        return self._runs is None
 
     @property
     def blocks(self) -> tuple[Sequence[Any], ...]:  # type: ignore[override]
         table = self._pool.blocks
-        return ([table[i] for i in ids_from_runs(self._runs, self._table)],)
+        return ([table[i] for i in ids_from_runs(self._resolved(), self._table)],)
 
     @property
     def runs(self) -> list[tuple[int, int]]:
         """The (start, count) runs in logical order."""
-        r = self._runs
+        r = self._resolved()
         return [(r[i], r[i + 1]) for i in range(0, len(r), 2)]
 
     def __len__(self) -> int:
@@ -92,21 +131,24 @@ class RangeBlocks(KVCacheBlocks):
                 raise IndexError(f"KV cache group ids {list(group_ids)}: tagma has one group (0)")
             if allow_none and (not group_ids or not self._num):
                 return None
-            return tuple(ids_from_runs(self._runs, self._table) for _ in group_ids)
+            runs = self._resolved()
+            return tuple(ids_from_runs(runs, self._table) for _ in group_ids)
         if allow_none and not self._num:
             return None
-        return (ids_from_runs(self._runs, self._table),)
+        return (ids_from_runs(self._resolved(), self._table),)
 
     def get_unhashed_block_ids(self) -> list[int]:
-        return ids_from_runs(self._runs, self._table)  # prefix caching is off: no block has a hash
+        return ids_from_runs(self._resolved(), self._table)  # prefix caching is off: no block has a hash
 
     def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
-        return [ids_from_runs(self._runs, self._table)]
+        return [ids_from_runs(self._resolved(), self._table)]
 
     def new_empty(self) -> KVCacheBlocks:
         return KVCacheBlocks(((),))
 
     def __repr__(self) -> str:
+        if self._runs is None:
+            return f"RangeBlocks(pending, num_blocks={self._num})"
         return f"RangeBlocks(runs={self.runs!r})"
 
 
@@ -132,18 +174,20 @@ class RangeKVCacheManager(TagmaKVCacheManager):
         # Block id i as the int object vLLM's block i already holds: id lists are slices of this table.
         self._table: list[int] = [block.block_id for block in pool.blocks]
         self._h = engine.handle
-        self._f_append_runs = engine._f_append_runs
-        self._f_release = engine._f_release
-        self._f_create = engine._f_req_create
         self._lib = engine._lib
-        # Out-parameters of append_runs, reused (calls on one engine are serialized).
-        self._runs_buf = (ctypes.c_int32 * (2 * pool.num_gpu_blocks))()
-        self._runs_p = ctypes.addressof(self._runs_buf)
-        self._runs_cap = pool.num_gpu_blocks
-        self._n = ctypes.c_int64(0)
-        self._n_p = ctypes.addressof(self._n)
+        self._f_create = engine._f_req_create
+        self._f_release = hot_function("tagma_request_release", ctypes.c_uint64, ctypes.c_uint64)
         self._u64 = ctypes.c_uint64(0)
         self._u64_p = ctypes.addressof(self._u64)
+        # The queued appends: entry i appends _p_counts[i] blocks to engine request _p_reqs[i] (0: create one)
+        # for request _p_rids[i]; _p_views[i] is the RangeBlocks that allocate_slots returned (None: none).
+        self._batch = AppendBatch(engine, capacity=256)
+        self._p_reqs: list[int] = []
+        self._p_counts: list[int] = []
+        self._p_rids: list[str] = []
+        self._p_views: list[RangeBlocks | None] = []
+        self._p_zero: list[bool] = []  # with zeroing: whether entry i's blocks are recorded for zeroing
+        self._p_new: dict[str, int] = {}  # request id -> the entry that creates its engine request
         # The scheduler asks the coordinator, not the manager, how many blocks a request still needs.
         self.coordinator.get_num_blocks_to_allocate = self._num_blocks_to_allocate  # type: ignore[method-assign]
 
@@ -199,38 +243,121 @@ class RangeKVCacheManager(TagmaKVCacheManager):
             return self.empty_kv_cache_blocks  # the decode fast path: no engine call
         eng = pool._engine_reqs.get(rid)
         if eng is None:
-            status = self._f_create(self._h, self._u64_p)
-            if status:
-                _raise(self._lib, status)
-            eng = self._u64.value
-            pool._engine_reqs[rid] = eng
+            if rid in self._p_new:  # its engine request is queued for creation: apply the queue first
+                self._flush()
+                eng = pool._engine_reqs[rid]
+            else:
+                eng = 0  # created by the batched call
         if num_external_computed_tokens:
             # Tokens a KV connector computed: vLLM gives them blocks first and does not return those.
             external = -(-computed // bs) - held
             if external > 0:
-                runs = self._append(eng, rid, external)
-                if self._zeroing and 0 not in kwargs.get("skip_zeroing_group_ids", ()):
-                    self._zero_ids.append(ids_from_runs(runs, self._table))
+                if eng == 0:  # both entries must name the request: create it now (connector path only)
+                    eng = self._create(rid)
+                zero = self._zeroing and 0 not in kwargs.get("skip_zeroing_group_ids", ())
+                self._queue(rid, eng, external, None, zero)
+                held += external
                 need -= external
                 if need == 0:
                     return self.empty_kv_cache_blocks
-        runs = self._append(eng, rid, need)
+        view = RangeBlocks(None, need, self._table, pool, self)
+        # _queue inlined (the admission path):
+        if eng == 0:
+            self._p_new[rid] = len(self._p_reqs)
+        self._p_reqs.append(eng)
+        self._p_counts.append(need)
+        self._p_rids.append(rid)
+        self._p_views.append(view)
         if self._zeroing:
-            self._zero_ids.append(ids_from_runs(runs, self._table))
-        return RangeBlocks(runs, need, self._table, pool)
+            self._p_zero.append(True)
+        self._held[rid] = held + need
+        pool._num_free -= need
+        return view
 
-    def _append(self, eng: int, rid: str, count: int) -> list[int]:
-        """One engine call: ``count`` new blocks for the request; returns them as flat runs."""
-        # No growth hint: measured in benchmarks/host/fragmentation.py ("headroom+hint"), hinting prompt +
-        # output placed worse than headroom alone except at saturation.
-        status = self._f_append_runs(self._h, eng, count, 0, self._runs_p, self._runs_cap, self._n_p)
+    def _create(self, rid: str) -> int:
+        status = self._f_create(self._h, self._u64_p)
         if status:
             _raise(self._lib, status)
+        eng = self._u64.value
+        self.block_pool._engine_reqs[rid] = eng
+        return eng
+
+    def _queue(self, rid: str, eng: int, count: int, view: RangeBlocks | None, zero: bool) -> None:
+        """Queue an append of ``count`` blocks to engine request ``eng`` (0: create one) for ``rid``."""
+        if eng == 0:
+            self._p_new[rid] = len(self._p_reqs)
+        self._p_reqs.append(eng)
+        self._p_counts.append(count)
+        self._p_rids.append(rid)
+        self._p_views.append(view)
+        if self._zeroing:
+            self._p_zero.append(zero)
         self._held[rid] = self._held.get(rid, 0) + count
         self.block_pool._num_free -= count
-        return self._runs_buf[: 2 * self._n.value]  # a ctypes array: slicing gives a list of ints
+
+    def _flush(self) -> None:
+        """Apply the queued appends in ONE engine call (``tagma_append_runs_batch``), in queue order.
+
+        Fills the pending :class:`RangeBlocks`, records new engine requests in the pool and the blocks to
+        zero. A no-op when nothing is queued. On an engine error (only possible if the free count were
+        wrong) nothing is appended, the queued requests' counts and the free count are restored, the pending
+        views stay unresolved and the error is raised.
+        """
+        reqs = self._p_reqs
+        n = len(reqs)
+        if not n:
+            return
+        batch = self._batch
+        if n > len(batch.requests):
+            batch.reserve(n)
+        batch.requests[:n] = reqs
+        batch.counts[:n] = self._p_counts
+        views, zero, new = self._p_views, self._p_zero, self._p_new
+        try:
+            batch(n)
+        except TagmaError:
+            self._unqueue()
+            raise
+        finally:
+            self._p_reqs, self._p_counts, self._p_rids, self._p_views = [], [], [], []
+            self._p_zero, self._p_new = [], {}
+        runs = batch.runs
+        if n == 1:
+            run = runs[: 2 * batch.offsets[1]]  # a ctypes array: slicing gives a list of ints
+            view = views[0]
+            if view is not None:
+                view._runs = run
+            if zero and zero[0]:
+                self._zero_ids.append(ids_from_runs(run, self._table))
+        else:
+            offsets = batch.offsets[: n + 1]
+            for i in range(n):
+                run = runs[2 * offsets[i] : 2 * offsets[i + 1]]
+                view = views[i]
+                if view is not None:
+                    view._runs = run
+                if zero and zero[i]:
+                    self._zero_ids.append(ids_from_runs(run, self._table))
+        if new:
+            ids = batch.requests[:n]
+            engine_reqs = self.block_pool._engine_reqs
+            for rid, i in new.items():
+                engine_reqs[rid] = ids[i]
+
+    def _unqueue(self) -> None:
+        """Undo the bookkeeping of the queued appends (the engine did none of them)."""
+        pool = self.block_pool
+        for rid, count in zip(self._p_rids, self._p_counts, strict=True):
+            held = self._held.get(rid, 0) - count
+            if held > 0:
+                self._held[rid] = held
+            else:
+                self._held.pop(rid, None)
+            pool._num_free += count
 
     def free(self, request: Request) -> None:
+        if self._p_reqs:
+            self._flush()  # the request may have queued blocks: the engine releases what it appended
         rid = request.request_id
         held = self._held.pop(rid, 0)
         eng = self.block_pool._engine_reqs.pop(rid, None)
@@ -242,6 +369,8 @@ class RangeKVCacheManager(TagmaKVCacheManager):
 
     def pop_blocks_for_free(self, request: Request) -> RangeRelease:  # type: ignore[override]
         """The request's blocks, held until the scheduler frees them through ``block_pool.free_blocks``."""
+        if self._p_reqs:
+            self._flush()
         rid = request.request_id
         held = self._held.pop(rid, 0)
         eng = self.block_pool._engine_reqs.pop(rid, None)
@@ -251,6 +380,8 @@ class RangeKVCacheManager(TagmaKVCacheManager):
 
     def _runs(self, request_id: str) -> list[int]:
         """The request's ranges as flat (start, count, ...) runs; empty when it holds no block."""
+        if self._p_reqs:
+            self._flush()
         eng = self.block_pool._engine_reqs.get(request_id)
         if eng is None:
             return []
@@ -263,7 +394,7 @@ class RangeKVCacheManager(TagmaKVCacheManager):
         runs = self._runs(request_id)
         if not runs:
             return self.empty_kv_cache_blocks
-        return RangeBlocks(runs, self._held[request_id], self._table, self.block_pool)
+        return RangeBlocks(runs, self._held[request_id], self._table, self.block_pool, self)
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         runs = self._runs(request_id)
@@ -273,6 +404,8 @@ class RangeKVCacheManager(TagmaKVCacheManager):
         """Per live request, the runs of consecutive block ids it holds, from the engine's ranges (this
         manager keeps no per-block lists for the telemetry to walk); abutting ranges are one run, as they
         would be in a block list."""
+        if self._p_reqs:
+            self._flush()
         counts = []
         for rid, held in self._held.items():
             eng = self.block_pool._engine_reqs.get(rid) if held else None
@@ -299,6 +432,8 @@ class RangeKVCacheManager(TagmaKVCacheManager):
             self._zero_ids.append(ids)
 
     def take_new_block_ids(self) -> list[int]:
+        if self._p_reqs:
+            self._flush()
         ids = super().take_new_block_ids()
         if self._zero_ids:
             for chunk in self._zero_ids:

@@ -10,11 +10,26 @@
 
 #include "coord.h"
 #include "engine.h"
+#include "abi.h"
 #include "error.h"
 #include "registry.h"
 #include "slot_mapping.h"
 
 #include "c_api_guard.h"
+
+namespace tagma {
+
+// with_engine for ABI functions defined in other files (abi.h).
+tagma_status run_with_engine(const char* function, tagma_engine_handle handle, void (*body)(Engine&, void*),
+                             void* context) noexcept {
+  return with_engine(function, handle, [&](Engine& engine) { body(engine, context); });
+}
+
+tagma_status run_guarded(const char* function, void (*body)(void*), void* context) noexcept {
+  return guarded(function, [&] { body(context); });
+}
+
+}  // namespace tagma
 
 using tagma::Engine;
 using tagma::guarded;

@@ -54,6 +54,8 @@ class Engine {
   // append() reporting the new blocks as (start, count) runs, with a growth hint; see
   // tagma_request_append_runs. Returns the number of runs written.
   int64_t append_runs(uint64_t id, int64_t count, int64_t hint, int32_t* runs_out, int64_t capacity);
+  // The appends of one scheduler step (batch.cpp); see tagma_append_runs_batch.
+  void append_runs_batch(const tagma_append_batch& batch);
   int64_t request_num_blocks(uint64_t id) const;
   int64_t request_num_ranges(uint64_t id) const;
   void request_ranges(uint64_t id, int32_t* out, int64_t capacity, int64_t* num_ranges) const;

@@ -171,6 +171,33 @@ tagma_status tagma_ranges_histogram(tagma_engine_handle h, int64_t *out, int64_t
 tagma_status tagma_request_append_runs(tagma_engine_handle h, uint64_t request, int64_t count, int64_t hint,
                                        int32_t *runs_out, int64_t capacity, int64_t *num_runs);
 
+/* ---- range manager: the appends of one scheduler step in one crossing ----
+ * tagma_append_runs_batch appends, for i = 0 .. num_requests - 1 in that order, counts[i] new blocks to
+ * requests[i], exactly as the same sequence of tagma_request_append_runs(h, requests[i], counts[i], hint_i,
+ * ...) calls would (hint_i = hints[i], or 0 when hints is NULL): the placement is identical. requests[i] == 0
+ * first creates a new request (as tagma_request_create) and writes its id into requests[i]. A request may
+ * appear in several entries (they apply in order). Entry i's new blocks are reported as maximal runs of
+ * consecutive ids in logical order: (start, count) int32 pairs runs_out[2 * run_offsets[i] ..
+ * 2 * run_offsets[i + 1]) (run_offsets has num_requests + 1 entries, run_offsets[0] = 0).
+ * All-or-nothing: every entry is validated before anything changes (h, requests that exist, counts > 0 and
+ * multiples of align, hints >= 0, runs_capacity >= the sum of counts, the sum within the free blocks);
+ * like tagma_request_append_runs the batch never evicts: when the sum exceeds the free blocks it fails with
+ * TAGMA_E_STATE if cache-only blocks exist, else TAGMA_E_NO_SPACE. On error nothing changed (no request
+ * created, requests[] untouched) and tagma_last_error() names the entry. num_requests == 0 only writes
+ * run_offsets[0] = 0. */
+typedef struct tagma_append_batch {
+    tagma_engine_handle engine;
+    uint64_t *requests;    /* num_requests ids, in/out: 0 = create a new request, its id is written back */
+    const int64_t *counts; /* num_requests blocks to append (> 0 each) */
+    const int64_t *hints;  /* nullable: growth hints as in tagma_request_append_runs (NULL: none) */
+    int64_t num_requests;  /* >= 0 */
+    int32_t *runs_out;     /* 2 * runs_capacity int32: (start, count) pairs */
+    int64_t runs_capacity; /* pairs; >= sum of counts (any placement fits) */
+    int64_t *run_offsets;  /* num_requests + 1 entries */
+} tagma_append_batch;
+
+tagma_status tagma_append_runs_batch(const tagma_append_batch *batch);
+
 /* Slot mapping over buffers (pure). Request r owns ranges [req_range_offsets[r], req_range_offsets[r+1]) of
  * `ranges` (int32 triples (physical_start, num_blocks, first_logical_block), ordered by logical block,
  * contiguous in logical space from 0). Its tokens are [query_start_loc[r], query_start_loc[r+1]) of

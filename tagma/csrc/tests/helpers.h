@@ -63,6 +63,8 @@ class TestEngine {
   std::vector<int32_t> append(uint64_t request, int64_t count, std::vector<int32_t>* evicted = nullptr);
   void attach(uint64_t request, const std::vector<int32_t>& blocks);
   void release(uint64_t request);
+  // Tracks a request created outside new_request (e.g. by tagma_append_runs_batch).
+  void adopt(uint64_t request) { live_.insert(request); }
   // The raw status of tagma_request_release; forgets the request on success.
   tagma_status try_release(uint64_t request);
   void set_policy(int32_t policy);
