@@ -357,7 +357,11 @@ class PrefixKVCacheManager(RangeKVCacheManager):
     ) -> KVCacheBlocks | None:
         if num_encoder_tokens:
             raise TagmaUnsupported("encoder tokens (cross-attention)")
-        if num_new_tokens == 0 and not num_external_computed_tokens and not num_new_computed_tokens:
+        if num_external_computed_tokens or delay_cache_blocks:
+            # refused before the model loads too (KV connectors); a connector's tokens would need vLLM's
+            # block hashes, which tagma's engine core does not compute
+            raise TagmaUnsupported("KV connector loads (external computed tokens) with prefix caching")
+        if num_new_tokens == 0 and not num_new_computed_tokens:
             raise ValueError(_NO_TOKENS)
         bs = self.block_size
         rid = request.request_id
