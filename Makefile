@@ -29,10 +29,14 @@ $(SETUP_STAMP): pyproject.toml
 engine: $(ENGINE_LIB)
 
 $(ENGINE_LIB): $(CSRC)
-	cmake -S tagma/csrc -B build/release -DCMAKE_BUILD_TYPE=Release > /dev/null
+	cmake -S tagma/csrc -B build/release -DCMAKE_BUILD_TYPE=Release \
+		$(if $(wildcard $(PY)),-DPython3_EXECUTABLE=$(abspath $(PY))) > /dev/null
 	cmake --build build/release -j$(JOBS)
 	@# copy then rename: a process that has the old library mapped keeps its inode and does not crash
 	mkdir -p tagma/_lib && cp build/release/libtagma.so $@.tmp && mv -f $@.tmp $@
+	@# the Python token-list reader (tagma/prefix_index.py), built where the Python headers are found
+	if [ -f build/release/libtagma_pylist.so ]; then cp build/release/libtagma_pylist.so tagma/_lib/libtagma_pylist.so.tmp \
+		&& mv -f tagma/_lib/libtagma_pylist.so.tmp tagma/_lib/libtagma_pylist.so; fi
 
 # A 2-layer Llama with seeded random weights and a tokenizer trained on ShareGPT, in data/tiny-llama.
 tiny-model: setup

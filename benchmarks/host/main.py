@@ -3,7 +3,8 @@
 vLLM's own classes and ops on one side, tagma's on the other, in one process, interleaved. Sections:
 engine_ops (native tagma_bench + ctypes), manager (KVCacheManager vs TagmaKVCacheManager), write_path
 (vLLM's CPU slot-mapping op vs range arithmetic, memcpy floor), block_table_traffic (bytes per step),
-fragmentation (per placement policy), profile (cProfile of the manager operations). Sizes and repeats come
+fragmentation (per placement policy), prefix_index (the engine's token-keyed index vs vLLM's block hashing
+and get_computed_blocks), profile (cProfile of the manager operations). Sizes and repeats come
 from ``configs/host_bench.yaml`` and its ``size`` group (``size=smoke`` for a tiny run).
 
 Writes ``<out_dir>/host_bench.json`` (machine, versions, commit, load average; every measurement's median,
@@ -30,8 +31,10 @@ from harness.files import point_latest, write_json, write_text_atomic
 log = logging.getLogger("benchmarks.host")
 
 SECTIONS = (
-    "engine_ops", "manager", "prefix_ops", "write_path", "block_table_traffic", "fragmentation", "profile",
-)
+    "engine_ops", "manager", "prefix_ops", "write_path", "block_table_traffic", "fragmentation",
+    "prefix_index",
+    "profile",
+)  # fmt: skip
 
 
 def _native(cfg: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
@@ -69,6 +72,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         engine_ops,
         fragmentation,
         manager_ops,
+        prefix_index,
         prefix_ops,
         profiles,
         report,
@@ -125,6 +129,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "write_path": lambda: write_path.run(cfg, native_data),
         "block_table_traffic": lambda: block_table_traffic.run(cfg),
         "fragmentation": lambda: fragmentation.run(cfg),
+        "prefix_index": lambda: prefix_index.run(cfg),
         "profile": lambda: profiles.run(cfg),
     }
     for name in wanted:

@@ -425,14 +425,26 @@ int64_t Engine::prefix_make_room(const Request& request, int64_t count) {
     freed.flush();
     return evicted + done;
   }
-  while (free_list_.free_blocks() < count) {
-    // A window of blocks not in use around the LRU victim, as long as the new range needs.
-    const int64_t rest = count - growth_room(request, count);
+  // A new range is needed for what cannot grow in place: while free blocks are short, or while no free range
+  // holds what the request wants (the new part, or the growth hint of append_runs, so that it then grows in
+  // place), evict a window of blocks not in use around the LRU victim, as long as it wants. Windows beyond
+  // the blocks needed are bounded (kExtraWindows), so a hint never empties the cache.
+  constexpr int kExtraWindows = 4;
+  int extra = 0;
+  while (lru_.size() > 0) {
+    const int32_t grown = growth_room(request, count);
+    if (grown == count && free_list_.free_blocks() >= count) break;
+    const int64_t want =
+        std::max<int64_t>(count - grown, std::min<int64_t>(growth_hint_ - grown, geometry_.num_blocks));
+    if (free_list_.free_blocks() >= count) {
+      if (free_list_.largest_range() >= want || extra == kExtraWindows) break;
+      ++extra;
+    }
     const int32_t victim = lru_.front();
     int32_t lo = victim;
     int32_t hi = victim + 1;
-    while (hi < geometry_.end_usable && hi - lo < rest && req_refs_[static_cast<size_t>(hi)] == 0) ++hi;
-    while (lo > geometry_.first_usable && hi - lo < rest && req_refs_[static_cast<size_t>(lo - 1)] == 0) --lo;
+    while (hi < geometry_.end_usable && hi - lo < want && req_refs_[static_cast<size_t>(hi)] == 0) ++hi;
+    while (lo > geometry_.first_usable && hi - lo < want && req_refs_[static_cast<size_t>(lo - 1)] == 0) --lo;
     evicted += prefix_evict_window(lo, hi - lo);
     ++index.counters.window_evictions;
   }

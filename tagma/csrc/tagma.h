@@ -272,9 +272,11 @@ tagma_status tagma_coord_offset(const tagma_coord_layout *layout, int64_t layer,
  * the index knows which blocks it loses), as the eviction mode says:
  *   TAGMA_EVICT_LRU         exactly vLLM's order: LRU victims, one block at a time, until enough are free;
  *   TAGMA_EVICT_CONTIGUOUS  when blocks must be evicted: first the cache-only blocks right after the growing
- *                           request's last range (so it grows in place), then, while free blocks are short,
- *                           a contiguous window of non-in-use blocks around the LRU victim, as long as the
- *                           new range needs (a run rather than scattered blocks);
+ *                           request's last range (so it grows in place); then, while free blocks are short or
+ *                           (at most 4 more times) no free range holds what the new range wants (its blocks,
+ *                           or tagma_request_append_runs's hint: room to grow in place), a contiguous window
+ *                           of non-in-use blocks around the LRU victim, as long as it wants (a run rather than
+ *                           scattered blocks);
  *   TAGMA_EVICT_IN_PLACE    CONTIGUOUS, and a growing request also evicts the cache-only blocks right after
  *                           its last range when free blocks exist elsewhere (fewer ranges, lower hit rate).
  * With the index, tagma_request_append may evict more than `count` blocks (subtrees, windows): evicted_out

@@ -16,6 +16,7 @@ from benchmarks.host.report import (
     engine_ops,
     fragmentation,
     manager_ops,
+    prefix_index,
     prefix_ops,
     write_path,
 )
@@ -34,8 +35,12 @@ SECTIONS: dict[str, tuple[Any, str]] = {
     "engine_ops": (engine_ops, "engine_ops.png"),
     "block_table_traffic": (block_table_traffic, "block_table_traffic.png"),
     "fragmentation": (fragmentation, "fragmentation.png"),
+    "prefix_index": (prefix_index, "prefix_index.png"),
 }
-FIGURE_ORDER = ("engine_ops", "manager", "prefix_ops", "write_path", "block_table_traffic", "fragmentation")
+FIGURE_ORDER = (
+    "engine_ops", "manager", "prefix_ops", "write_path", "block_table_traffic", "fragmentation",
+    "prefix_index",
+)  # fmt: skip
 
 
 def target_texts() -> dict[str, str]:

@@ -60,6 +60,8 @@ TARGETS: dict[str, Target] = {
     "binding_fixed": Target("< 1 us binding cost per engine crossing on hot paths", 1000.0, "max"),
     "admission_free_prefix_hashed": Target(">= 20x cheaper than vLLM incl. its request hashing", 20.0),
     "prefix_hit_lookup": Target(">= 10x cheaper than vLLM's get_computed_blocks", 10.0),
+    "prefix_index_per_token": Target("<= 2 ns per prompt token (insert + lookup)", 2.0, "max"),
+    "prefix_hit_lookup_engine": Target(">= 10x cheaper than vLLM's get_computed_blocks", 10.0),
     "fragmentation": Target("pool x0.7 with preemptions: mean <= 4, p99 <= 32 ranges/request, none rejected",
                             4.0, "max"),
 }
