@@ -28,9 +28,9 @@ and are refused (before the model loads in :mod:`tagma.fail_closed`, here as a b
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
-from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,8 +43,9 @@ from tagma.core.manager import _SIGNATURE
 from tagma.core.range_manager import RangeBlocks, RangeKVCacheManager, ids_from_runs
 from tagma.engine import _raise
 from tagma.errors import TagmaUnsupported
+from tagma.prefix_index import EvictionMode, PrefixIndex
 
-__all__ = ["ENV_PREFIX_EVICTION", "EVICTION_MODES", "HitBlocks", "PrefixKVCacheManager", "PrefixStats"]
+__all__ = ["ENV_PREFIX_EVICTION", "HitBlocks", "PrefixKVCacheManager"]
 
 logger = logging.getLogger("vllm.tagma")
 
@@ -57,78 +58,6 @@ _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 _NO_TOKENS = "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
 HASHED_REQUEST_WARNING = "tagma: a request arrived with vLLM block hashes (the engine core hashed it)"
 _LOST = 1 << 62  # "indexed up to" of a request whose index cursor was lost: nothing more to insert
-
-# The engine's eviction modes (tagma.h TAGMA_EVICT_*).
-EVICTION_MODES: dict[str, int] = {"lru": 0, "contiguous": 1, "in_place": 2}
-
-_VP = ctypes.c_void_p
-_I32 = ctypes.c_int32
-_I64 = ctypes.c_int64
-_U64 = ctypes.c_uint64
-# The prefix index's C ABI (tagma.h): name -> (restype, argtypes); pointers are passed as addresses.
-_PREFIX_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
-    "tagma_prefix_enable": (_I32, [_U64, _I64, _I32]),
-    "tagma_prefix_set_eviction_mode": (_I32, [_U64, _I32]),
-    "tagma_prefix_lookup": (_I32, [_U64, _U64, _VP, _I64, _I64, _VP, _VP]),
-    "tagma_prefix_lookup_attach": (_I32, [_U64, _U64, _U64, _VP, _I64, _I64, _VP]),
-    "tagma_prefix_insert": (_I32, [_U64, _U64, _U64, _VP, _I64, _I64, _VP]),
-    "tagma_prefix_clear": (_I32, [_U64, _VP]),
-    "tagma_prefix_stats_get": (_I32, [_U64, _VP]),
-}
-
-
-class PrefixStats(ctypes.Structure):
-    """``tagma_prefix_stats``: the prefix index's state and cumulative counters."""
-
-    _fields_ = [
-        (name, ctypes.c_int64)
-        for name in (
-            "block_size",
-            "eviction_mode",
-            "namespaces",
-            "indexed_blocks",
-            "lookups",
-            "lookup_blocks",
-            "hit_blocks",
-            "inserted_blocks",
-            "duplicate_blocks",
-            "evicted_blocks",
-            "subtree_blocks",
-            "in_place_evictions",
-            "window_evictions",
-            "clears",
-        )
-    ]
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: int(getattr(self, name)) for name, _ in self._fields_}
-
-
-def _prefix_functions(lib: ctypes.CDLL) -> dict[str, Any]:
-    """The prefix index's functions of the engine library, with their prototypes."""
-    out = {}
-    for name, (restype, argtypes) in _PREFIX_SIGNATURES.items():
-        try:
-            fn = getattr(lib, name)
-        except AttributeError:
-            raise TagmaUnsupported(
-                f"prefix caching: the engine library lacks {name} (stale build?); run `make engine`"
-            ) from None
-        fn.restype = restype
-        fn.argtypes = argtypes
-        out[name] = fn
-    return out
-
-
-def parse_eviction(mode: str | int) -> int:
-    if isinstance(mode, int) and mode in EVICTION_MODES.values():
-        return mode
-    value = EVICTION_MODES.get(str(mode).strip().lower())
-    if value is None:
-        choices = ", ".join(EVICTION_MODES)
-        raise ValueError(f"tagma: unknown prefix eviction mode {mode!r}; expected one of: {choices}")
-    return value
-
 
 class HitBlocks(KVCacheBlocks):
     """A ``KVCacheBlocks`` of one group over the hit block ids of a prefix lookup (an int32 array)."""
@@ -214,21 +143,13 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         arguments["enable_caching"] = False
         super().__init__(**arguments, placement_policy=placement)
         self.enable_caching = True
-        mode = parse_eviction(
+        mode = EvictionMode.parse(
             prefix_eviction if prefix_eviction is not None else (
                 os.environ.get(ENV_PREFIX_EVICTION) or DEFAULT_EVICTION
             )
         )
-        self.prefix_eviction = next(name for name, value in EVICTION_MODES.items() if value == mode)
-        fns = _prefix_functions(self._lib)
-        status = fns["tagma_prefix_enable"](self._h, self.block_size, mode)
-        if status:
-            _raise(self._lib, status)
-        self._f_lookup = fns["tagma_prefix_lookup"]
-        self._f_lookup_attach = fns["tagma_prefix_lookup_attach"]
-        self._f_insert = fns["tagma_prefix_insert"]
-        self._f_clear = fns["tagma_prefix_clear"]
-        self._f_prefix_stats = fns["tagma_prefix_stats_get"]
+        self.index = PrefixIndex(self.engine, self.block_size, mode)
+        self.prefix_eviction = mode.name.lower()
         self._f_stats = self.engine._f_stats
         self._f_append_one = self.engine._f_append_runs
         self._one_runs_cap = max(self.block_pool.num_gpu_blocks, 1)
@@ -236,16 +157,12 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         self._one_runs_p = ctypes.addressof(self._one_runs)
         self._stats = self.engine._stats
         self._stats_p = self.engine._stats_p
-        self._hit_buf = np.empty(max(self.block_pool.num_gpu_blocks, 1), dtype=np.int32)
-        self._hit_p = self._hit_buf.ctypes.data
-        self._namespaces: dict[tuple[Any, ...], int] = {}
+        self._max_hit = max(self.block_pool.num_gpu_blocks - 1, 0)
+        self._default_ns = self.index.namespace((None, None, None))
         self._ns: dict[str, int] = {}  # request id -> namespace of its blocks
         self._indexed: dict[str, int] = {}  # request id -> full blocks asked to be indexed (_LOST: none)
         self._i64b = ctypes.c_int64(0)
         self._i64b_p = ctypes.addressof(self._i64b)
-        # request id -> its token ids converted to int32 so far (a prefix of all_token_ids): one conversion
-        # per token for lookups (repeated while a request waits), the attach and the inserts
-        self._tok: dict[str, array] = {}
         self._hashed_warned = False
         # inserts waiting for the queued appends: request id -> (request, full blocks to index)
         self._p_insert: dict[str, tuple[Request, int]] = {}
@@ -270,13 +187,10 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         lora = request.lora_request
         salt = request.cache_salt
         if lora is None and not salt:
-            return 0
-        key = (salt or None, lora.lora_name if lora else None, lora.lora_path if lora else None)
-        ns = self._namespaces.get(key)
-        if ns is None:
-            ns = len(self._namespaces) + 1
-            self._namespaces[key] = ns
-        return ns
+            return self._default_ns
+        return self.index.namespace(
+            (salt or None, lora.lora_name if lora else None, lora.lora_path if lora else None)
+        )
 
     # ---- free count
 
@@ -290,15 +204,6 @@ class PrefixKVCacheManager(RangeKVCacheManager):
 
     # ---- lookup
 
-    def _tokens(self, request: Request, end: int) -> array:
-        """The request's token ids [0, end) (at least) as an int32 array, converted once per token."""
-        tokens = self._tok.get(request.request_id)
-        if tokens is None:
-            tokens = self._tok[request.request_id] = array("i", request._all_token_ids[:end])
-        elif len(tokens) < end:
-            tokens.extend(request._all_token_ids[len(tokens) : end])
-        return tokens
-
     def get_computed_blocks(
         self, request: Request, *args: Any, **kwargs: Any
     ) -> tuple[KVCacheBlocks, int, int]:
@@ -311,20 +216,15 @@ class PrefixKVCacheManager(RangeKVCacheManager):
             self._flush()  # the index as vLLM's prefix cache is now: every earlier allocation's blocks cached
         bs = self.block_size
         max_blocks = (request.num_tokens - 1) // bs
-        if max_blocks > len(self._hit_buf):
-            max_blocks = len(self._hit_buf)
+        if max_blocks > self._max_hit:
+            max_blocks = self._max_hit  # no hit can be longer than the pool
         if max_blocks <= 0:
             return self.empty_kv_cache_blocks, 0, 0
-        ns = self._namespace(request)
-        tokens = self._tokens(request, max_blocks * bs)
-        ptr = tokens.buffer_info()[0]
-        status = self._f_lookup(self._h, ns, ptr, max_blocks * bs, max_blocks, self._hit_p, self._i64b_p)
-        if status:
-            _raise(self._lib, status)
-        hit = self._i64b.value
-        if not hit:
+        # the token list is read in C (no per-token Python work), only its first max_blocks blocks
+        ids = self.index.lookup_ids(self._namespace(request), request._all_token_ids, max_blocks)
+        if not len(ids):
             return self.empty_kv_cache_blocks, 0, 0
-        return HitBlocks(self._hit_buf[:hit].copy(), self.block_pool), hit * bs, 0
+        return HitBlocks(ids, self.block_pool), len(ids) * bs, 0
 
     def _evictable(self, hits: KVCacheBlocks | None, count: int) -> int:
         """How many hit blocks are cache-only (not in use): vLLM counts those against the free blocks."""
@@ -486,16 +386,9 @@ class PrefixKVCacheManager(RangeKVCacheManager):
     def _attach(self, request: Request, eng: int, hits: int) -> None:
         """Attach the request's first ``hits`` cached blocks (one index walk) and recount the free blocks."""
         rid = request.request_id
-        bs = self.block_size
         if self._p_reqs or self._p_insert:
             self._flush()  # the free count below is read from the engine
-        tokens = self._tokens(request, hits * bs)
-        status = self._f_lookup_attach(
-            self._h, self._ns[rid], eng, tokens.buffer_info()[0], hits * bs, hits, self._i64b_p
-        )
-        if status:
-            _raise(self._lib, status)
-        got = self._i64b.value
+        got = self.index.lookup_attach(self._ns[rid], eng, request._all_token_ids, hits)
         if got != hits:
             self.engine.release(eng)
             del self.block_pool._engine_reqs[rid]
@@ -514,12 +407,8 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         ns = self._ns.get(rid)
         if ns is None:
             ns = self._ns[rid] = self._namespace(request)
-        tokens = self._tokens(request, full * bs)
-        ptr = tokens.buffer_info()[0] + 4 * start * bs
-        status = self._f_insert(self._h, ns, eng, ptr, start * bs, (full - start) * bs, self._i64b_p)
-        if status:
-            _raise(self._lib, status)
-        self._indexed[rid] = full if self._i64b.value >= full else _LOST
+        indexed = self.index.insert(ns, eng, request._all_token_ids, start * bs, full * bs)
+        self._indexed[rid] = full if indexed >= full else _LOST
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         rid = request.request_id
@@ -536,7 +425,6 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         if self._p_reqs or self._p_insert:
             self._flush()  # the request may have queued blocks or inserts
         rid = request.request_id
-        self._tok.pop(rid, None)
         self._indexed.pop(rid, None)
         self._ns.pop(rid, None)
         self._held.pop(rid, None)
@@ -550,7 +438,6 @@ class PrefixKVCacheManager(RangeKVCacheManager):
     def pop_blocks_for_free(self, request: Request) -> Any:
         self._flush()
         rid = request.request_id
-        self._tok.pop(rid, None)
         self._indexed.pop(rid, None)
         self._ns.pop(rid, None)
         return super().pop_blocks_for_free(request)
@@ -567,9 +454,7 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         if used:
             logger.warning("Failed to reset prefix cache because some blocks (%d) are not freed yet", used)
             return False
-        status = self._f_clear(self._h, None)
-        if status:
-            _raise(self._lib, status)
+        self.index.clear()
         self._indexed.clear()
         self._sync_free()
         if self.log_stats:
@@ -585,8 +470,4 @@ class PrefixKVCacheManager(RangeKVCacheManager):
 
     def prefix_stats(self) -> dict[str, int]:
         """The prefix index's state and counters (lookups, hits, inserts, evictions, ...)."""
-        out = PrefixStats()
-        status = self._f_prefix_stats(self._h, ctypes.addressof(out))
-        if status:
-            _raise(self._lib, status)
-        return out.as_dict()
+        return dataclasses.asdict(self.index.stats())
