@@ -11,9 +11,9 @@ default ``prefix_caching_hash_algo``); tagma's carry none, as tagma's engine cor
   blocks, so in the steady state every admission evicts about n cached blocks of the requests before it.
   Only the token list is made outside the timed region (the same lists on both sides).
 * ``prefix_hit_lookup``: ``get_computed_blocks`` of a new request whose whole prompt is cached (its
-  hashes, for vLLM, were computed when it was built, outside the timed region; tagma's lookup converts
-  the prompt's token ids to int32 inside it). Each sample looks up a fresh request object, so nothing a
-  lookup leaves behind helps the next.
+  hashes, for vLLM, were computed when it was built, outside the timed region; tagma's lookup reads the
+  prompt's token list inside it, in C through the prefix index's binding). Each sample looks up a fresh
+  request object, so nothing a lookup leaves behind helps the next.
 
 Both sides see the same operations in the same order; their outcomes (hit lengths, new blocks) are
 compared and must be identical.

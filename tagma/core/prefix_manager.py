@@ -2,9 +2,10 @@
 
 :class:`PrefixKVCacheManager` is :class:`~tagma.core.range_manager.RangeKVCacheManager` (per-request state:
 an engine request and a count; no ``KVCacheBlock`` on hot paths) plus the engine's hash-less prefix index
-(a trie of full blocks keyed by token ids, :mod:`tagma.prefix_index`). vLLM's block hashes are neither
-computed nor read: the engine core builds its requests without a block hasher
-(:func:`tagma.core.scheduler.install_hashless_hook`, keyed on ``uses_block_hashes = False``).
+(a trie of full blocks keyed by token ids, :mod:`tagma.prefix_index`, whose binding reads a request's token
+list in C: no per-token Python work). vLLM's block hashes are neither computed nor read: the engine core
+builds its requests without a block hasher (:func:`tagma.core.scheduler.install_hashless_hook`, keyed on
+``uses_block_hashes = False``).
 
 vLLM's meaning is kept where the scheduler can see it:
 
