@@ -14,6 +14,7 @@ The fast tests check the two lists themselves.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -188,10 +189,13 @@ def test_vllm_core_tests_pass_with_tagma(capsys: pytest.CaptureFixture[str]) -> 
     for path in (SUMMARY, STOCK_SUMMARY):
         if path.exists():
             path.unlink()
-    stock_done = subprocess.run(stock_cmd, cwd=REPO, capture_output=True, text=True, timeout=3000)
+    # Exact-LRU prefix eviction: vLLM's own order, which some of these tests assert (the default
+    # contiguity-aware mode is tested in test_prefix_manager.py and on a real server).
+    env = dict(os.environ, TAGMA_PREFIX_EVICTION="lru")
+    stock_done = subprocess.run(stock_cmd, cwd=REPO, capture_output=True, text=True, timeout=3000, env=env)
     stock_tail = stock_done.stdout[-3000:]
     assert STOCK_SUMMARY.is_file(), f"no stock summary (rc={stock_done.returncode}):\n{stock_tail}"
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3000)
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3000, env=env)
     out = done.stdout[-4000:] + done.stderr[-4000:]
     assert SUMMARY.is_file(), f"no summary (rc={done.returncode}):\n{out}"
     summary = json.loads(SUMMARY.read_text())

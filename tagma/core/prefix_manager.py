@@ -60,6 +60,16 @@ _NO_TOKENS = "num_new_tokens must be greater than 0 when there are no computed t
 HASHED_REQUEST_WARNING = "tagma: a request arrived with vLLM block hashes (the engine core hashed it)"
 _LOST = 1 << 62  # "indexed up to" of a request whose index cursor was lost: nothing more to insert
 
+class _NoBlockBookkeeping(dict):  # type: ignore[type-arg]
+    """vLLM's per-request ``num_cached_block`` on the single-type manager: tagma keeps none (the engine's
+    prefix index knows what is cached); reading a request's entry is refused with a clear message."""
+
+    def __missing__(self, key: Any) -> Any:
+        raise TagmaUnsupported(
+            f"num_cached_block[{key!r}]: tagma's range managers keep no per-request block bookkeeping"
+        )
+
+
 class HitBlocks(KVCacheBlocks):
     """A ``KVCacheBlocks`` of one group over the hit block ids of a prefix lookup (an int32 array)."""
 
@@ -159,6 +169,8 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         self._stats = self.engine._stats
         self._stats_p = self.engine._stats_p
         self._max_hit = max(self.block_pool.num_gpu_blocks - 1, 0)
+        (single,) = self.coordinator.single_type_managers
+        single.num_cached_block = _NoBlockBookkeeping()
         self._default_ns = self.index.namespace((None, None, None))
         self._ns: dict[str, int] = {}  # request id -> namespace of its blocks
         self._indexed: dict[str, int] = {}  # request id -> full blocks asked to be indexed (_LOST: none)
@@ -258,11 +270,7 @@ class PrefixKVCacheManager(RangeKVCacheManager):
     ) -> KVCacheBlocks | None:
         if num_encoder_tokens:
             raise TagmaUnsupported("encoder tokens (cross-attention)")
-        if num_external_computed_tokens or delay_cache_blocks:
-            # refused before the model loads too (KV connectors); a connector's tokens would need vLLM's
-            # block hashes, which tagma's engine core does not compute
-            raise TagmaUnsupported("KV connector loads (external computed tokens) with prefix caching")
-        if num_new_tokens == 0 and not num_new_computed_tokens:
+        if num_new_tokens == 0 and not num_external_computed_tokens and not num_new_computed_tokens:
             raise ValueError(_NO_TOKENS)
         bs = self.block_size
         rid = request.request_id
