@@ -403,3 +403,16 @@ def test_decode_steps_without_a_new_full_block_make_no_engine_call() -> None:
     manager._flush()  # (the scheduler's read of new block ids does this once per step)
     assert calls == ["insert"]
     assert manager.estimate_cached_tokens(req) == 3 * BLOCK
+
+
+def test_deferred_free_through_the_pool_keeps_vllm_s_free_count() -> None:
+    twin = Twin(num_blocks=64)
+    shared = list(range(1, 4 * BLOCK + 1))
+    for k in range(2):
+        twin.add(f"d{k}", shared + [700 + k] * 3)
+        assert twin.schedule(f"d{k}", first=True)
+    for manager, req in twin.pairs("d0"):
+        blocks = manager.pop_blocks_for_free(req)
+        manager.block_pool.free_blocks(reversed(blocks))  # the scheduler's deferred free
+    twin.check()  # d0's shared blocks stay in use by d1: only its own block became free
+    twin.free("d1")

@@ -184,6 +184,8 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         pool_free_blocks = pool.free_blocks
 
         def free_blocks(ordered_blocks: Any) -> None:
+            if self._p_reqs or self._p_insert:
+                self._flush()  # the free count is then read from the engine
             pool_free_blocks(ordered_blocks)
             self._sync_free()
 
