@@ -9,9 +9,11 @@ the KV cache groups (layer types, sliding windows, chunked attention, per-layer 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
+from tagma.contract import ENV_RANGE_MANAGER
 from tagma.errors import TagmaUnsupported
 from tagma.selector import CLI_FLAG, PAGED, SCHEDULER_QUALNAME
 
@@ -157,6 +159,32 @@ def _per_layer_kv_dtype(c: Any) -> str | None:
     return None
 
 
+def _prefix_index(c: Any) -> bool:
+    """Whether the engine core will serve prefix caching with tagma's token-keyed prefix index (caching on,
+    range manager not switched off): the index keys blocks by token ids, cache salt and LoRA adapter only."""
+    if not c.cache_config.enable_prefix_caching:
+        return False
+    return os.environ.get(ENV_RANGE_MANAGER, "1").strip() != "0"
+
+
+def _prefix_cache_keys(c: Any) -> str | None:
+    # vLLM's block hashes also key multimodal inputs and prompt embeddings; the prefix index cannot.
+    if not _prefix_index(c):
+        return None
+    if c.model_config.is_multimodal_model:
+        return "multimodal models with prefix caching (the prefix index keys token ids only)"
+    if getattr(c.model_config, "enable_prompt_embeds", False):
+        return "prompt embeddings with prefix caching (--enable-prompt-embeds; the index keys token ids)"
+    return None
+
+
+def _kv_events(c: Any) -> str | None:
+    events = c.kv_events_config
+    if events is not None and events.enable_kv_cache_events and _prefix_index(c):
+        return "KV cache events with prefix caching (tagma's prefix index has no block hashes to publish)"
+    return None
+
+
 CHECKS: tuple[Check, ...] = (
     _mla,
     _attention_free,
@@ -177,6 +205,8 @@ CHECKS: tuple[Check, ...] = (
     _hisparse,
     _prefix_match_unit,
     _per_layer_kv_dtype,
+    _prefix_cache_keys,
+    _kv_events,
 )
 
 

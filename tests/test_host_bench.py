@@ -98,6 +98,7 @@ def test_paired_paths_computed_the_same(smoke: tuple[dict[str, Any], Path]) -> N
     result, _ = smoke
     assert result["checks"] == {
         "manager_outcomes_identical": True,
+        "prefix_ops_outcomes_identical": True,
         "write_path_slot_mappings_identical": True,
         "block_table_slot_mappings_identical": True,
     }
@@ -120,6 +121,10 @@ def test_sections_cover_the_configured_sizes(smoke: tuple[dict[str, Any], Path])
     }
     assert {e["requests"] for e in manager["decode_step"]} == set(cfg["manager"]["decode"]["requests"])
     assert {e["op"] for e in manager["prefix_hit"]} == {"prefix_hit_lookup", "prefix_hit_admission"}
+    prefix = sections["prefix_ops"]
+    for key in ("admission_free_hashed", "prefix_hit_lookup"):
+        assert [e["context_tokens"] for e in prefix[key]] == cfg["prefix_ops"]["contexts"], key
+    assert all(e["hit_tokens"] == e["context_tokens"] - 16 for e in prefix["prefix_hit_lookup"])
     write = sections["write_path"]
     assert [p["positions"] for p in write["prefill"]] == cfg["write_path"]["prefill_lengths"]
     assert write["prefill_fit"]["tagma_binding"] is not None and write["native"]

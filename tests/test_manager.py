@@ -32,12 +32,21 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.request import Request, RequestStatus
 
+from tagma.core import prefix_manager
 from tagma.core.block_pool import TagmaBlockPool
 from tagma.core.manager import TagmaKVCacheManager
 from tagma.core.range_manager import RangeBlocks, RangeKVCacheManager
 from tagma.engine import RangeEngine
 
 init_none_hash(sha256)
+
+
+@pytest.fixture(autouse=True)
+def _block_object_manager_with_caching_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the block-object manager with prefix caching on (vLLM's hashes, what
+    TAGMA_RANGE_MANAGER=0 keeps) and the range manager with it off; ``TagmaKVCacheManager(...)`` with caching
+    on builds the prefix-index manager by default, tested in test_prefix_manager.py."""
+    monkeypatch.setattr(prefix_manager, "PrefixKVCacheManager", TagmaKVCacheManager)
 
 BLOCK = 4  # tokens per block: small, so short token lists exercise many blocks
 

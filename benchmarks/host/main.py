@@ -32,8 +32,8 @@ from harness.files import point_latest, write_json, write_text_atomic
 log = logging.getLogger("benchmarks.host")
 
 SECTIONS = (
-    "engine_ops", "manager", "write_path", "block_table_traffic", "fragmentation", "prefix_index", "profile",
-    "inserver",
+    "engine_ops", "manager", "prefix_ops", "write_path", "block_table_traffic", "fragmentation",
+    "prefix_index", "profile", "inserver",
 )  # fmt: skip
 
 
@@ -74,6 +74,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         inserver,
         manager_ops,
         prefix_index,
+        prefix_ops,
         profiles,
         report,
         write_path,
@@ -125,6 +126,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "engine_ops": lambda: engine_ops.run(cfg, native_data),
         "manager": lambda: manager_ops.run(cfg),
+        "prefix_ops": lambda: prefix_ops.run(cfg),
         "write_path": lambda: write_path.run(cfg, native_data),
         "block_table_traffic": lambda: block_table_traffic.run(cfg),
         "fragmentation": lambda: fragmentation.run(cfg),
@@ -144,6 +146,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     result["duration_s"] = round(time.time() - started, 2)
     result["checks"] = {
         "manager_outcomes_identical": result["sections"].get("manager", {}).get("outcomes_identical"),
+        "prefix_ops_outcomes_identical": result["sections"].get("prefix_ops", {}).get("outcomes_identical"),
         "write_path_slot_mappings_identical": result["sections"].get("write_path", {}).get("all_identical"),
         "block_table_slot_mappings_identical": result["sections"]
         .get("block_table_traffic", {})

@@ -49,8 +49,9 @@ __all__ = [
 ]
 
 ENV_POLICY = ENV_PLACEMENT
-# "0" keeps the block-object manager with prefix caching off too; anything else (default) uses the
-# range-native manager (tagma.core.range_manager) when prefix caching is off.
+# "0" keeps the block-object manager (vLLM's hashes and prefix cache); anything else (default) uses the
+# range-native managers: tagma.core.range_manager with prefix caching off, tagma.core.prefix_manager (the
+# engine's prefix index) with it on.
 # Headroom by default: under interleaved decode best/first fit place each new request right after the
 # previous one, so no request can grow in place (measured: one range per block); headroom keeps one range.
 DEFAULT_POLICY = "headroom"
@@ -90,7 +91,7 @@ def reserve_admission(value: str | None = None) -> tuple[int, int]:
 
 
 def range_manager_enabled() -> bool:
-    """Whether ``TagmaKVCacheManager(...)`` with prefix caching off builds the range-native manager."""
+    """Whether ``TagmaKVCacheManager(...)`` builds a range-native manager (prefix caching off or on)."""
     return os.environ.get(ENV_RANGE_MANAGER, "1").strip() != "0"
 
 
@@ -139,6 +140,7 @@ class TagmaKVCacheManager(KVCacheManager):
     def __new__(cls, *args: Any, **kwargs: Any) -> TagmaKVCacheManager:
         if cls is TagmaKVCacheManager and range_manager_enabled():
             kwargs.pop("placement_policy", None)
+            eviction = kwargs.pop("prefix_eviction", None)
             try:
                 bound = _SIGNATURE.bind(None, *args, **kwargs)
             except TypeError:
@@ -146,9 +148,15 @@ class TagmaKVCacheManager(KVCacheManager):
             if bound is not None:
                 bound.apply_defaults()
                 if not bound.arguments.get("enable_caching", True):
+                    if eviction is not None:
+                        raise TypeError("prefix_eviction applies with prefix caching on only")
                     from tagma.core.range_manager import RangeKVCacheManager
 
                     cls = RangeKVCacheManager
+                else:
+                    from tagma.core.prefix_manager import PrefixKVCacheManager
+
+                    cls = PrefixKVCacheManager
         return super().__new__(cls)
 
     def __init__(

@@ -18,6 +18,7 @@ from benchmarks.host.report import (
     inserver,
     manager_ops,
     prefix_index,
+    prefix_ops,
     write_path,
 )
 from benchmarks.host.report.table import GUIDE, TARGETS, at, summary_table
@@ -30,6 +31,7 @@ __all__ = [
 # Section name in host_bench.json -> (its report module, its figure's file name); the order of the headline.
 SECTIONS: dict[str, tuple[Any, str | None]] = {
     "manager": (manager_ops, "manager.png"),
+    "prefix_ops": (prefix_ops, "prefix_ops.png"),
     "write_path": (write_path, "write_path.png"),
     "engine_ops": (engine_ops, "engine_ops.png"),
     "block_table_traffic": (block_table_traffic, "block_table_traffic.png"),
@@ -37,7 +39,10 @@ SECTIONS: dict[str, tuple[Any, str | None]] = {
     "inserver": (inserver, None),  # no figure: the serve run's report has its own
     "prefix_index": (prefix_index, "prefix_index.png"),
 }
-FIGURE_ORDER = ("engine_ops", "manager", "write_path", "block_table_traffic", "fragmentation", "prefix_index")
+FIGURE_ORDER = (
+    "engine_ops", "manager", "prefix_ops", "write_path", "block_table_traffic", "fragmentation",
+    "prefix_index",
+)  # fmt: skip
 
 
 def target_texts() -> dict[str, str]:

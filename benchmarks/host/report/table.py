@@ -63,6 +63,8 @@ TARGETS: dict[str, Target] = {
     "block_table_bytes": Target(">= 100x fewer bytes per step", 100.0),
     "resident_bytes": Target(">= 10x fewer Python bytes per resident request than vLLM", 10.0),
     "binding_fixed": Target("< 1 us binding cost per engine crossing on hot paths", 1000.0, "max"),
+    "admission_free_prefix_hashed": Target(">= 20x cheaper than vLLM incl. its request hashing", 20.0),
+    "prefix_hit_lookup": Target(">= 10x cheaper than vLLM's get_computed_blocks", 10.0),
     "prefix_index_per_token": Target("<= 2 ns per prompt token (insert + lookup)", 2.0, "max"),
     "prefix_hit_lookup_engine": Target(">= 10x cheaper than vLLM's get_computed_blocks", 10.0),
     "prefix_eviction_hit_rate": Target("hit rate <= 1 point below exact LRU", 1.0, "below"),
