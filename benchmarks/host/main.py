@@ -3,8 +3,10 @@
 vLLM's own classes and ops on one side, tagma's on the other, in one process, interleaved. Sections:
 engine_ops (native tagma_bench + ctypes), manager (KVCacheManager vs TagmaKVCacheManager), write_path
 (vLLM's CPU slot-mapping op vs range arithmetic, memcpy floor), block_table_traffic (bytes per step),
-fragmentation (per placement policy), profile (cProfile of the manager operations). Sizes and repeats come
-from ``configs/host_bench.yaml`` and its ``size`` group (``size=smoke`` for a tiny run).
+fragmentation (per placement policy), profile (cProfile of the manager operations), trace_replay (a request
+trace with prefix sharing through both managers; ``trace=PATH`` picks a JSONL trace, default the shipped
+Mooncake conversation trace). Sizes and repeats come from ``configs/host_bench.yaml`` and its ``size`` group
+(``size=smoke`` for a tiny run).
 
 Writes ``<out_dir>/host_bench.json`` (machine, versions, commit, load average; every measurement's median,
 min, max, repeats, unit, and the tagma/paged ratio of pairs), PNG plots, and prints a summary table;
@@ -29,7 +31,9 @@ from harness.files import point_latest, write_json, write_text_atomic
 
 log = logging.getLogger("benchmarks.host")
 
-SECTIONS = ("engine_ops", "manager", "write_path", "block_table_traffic", "fragmentation", "profile")
+SECTIONS = (
+    "engine_ops", "manager", "write_path", "block_table_traffic", "fragmentation", "profile", "trace_replay",
+)  # fmt: skip
 
 
 def _native(cfg: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
@@ -69,6 +73,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         manager_ops,
         profiles,
         report,
+        trace_replay,
         write_path,
     )
     from benchmarks.host.timing import load_average
@@ -122,6 +127,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "block_table_traffic": lambda: block_table_traffic.run(cfg),
         "fragmentation": lambda: fragmentation.run(cfg),
         "profile": lambda: profiles.run(cfg),
+        "trace_replay": lambda: trace_replay.run(cfg),
     }
     for name in wanted:
         log.info("section %s ...", name)

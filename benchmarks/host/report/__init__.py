@@ -11,7 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks.host.report import block_table_traffic, engine_ops, fragmentation, manager_ops, write_path
+from benchmarks.host.report import (
+    block_table_traffic,
+    engine_ops,
+    fragmentation,
+    manager_ops,
+    trace_replay,
+    write_path,
+)
 from benchmarks.host.report.table import GUIDE, TARGETS, at, summary_table
 
 __all__ = [
@@ -26,8 +33,9 @@ SECTIONS: dict[str, tuple[Any, str]] = {
     "engine_ops": (engine_ops, "engine_ops.png"),
     "block_table_traffic": (block_table_traffic, "block_table_traffic.png"),
     "fragmentation": (fragmentation, "fragmentation.png"),
+    "trace_replay": (trace_replay, "trace_replay.png"),
 }
-FIGURE_ORDER = ("engine_ops", "manager", "write_path", "block_table_traffic", "fragmentation")
+FIGURE_ORDER = ("engine_ops", "manager", "write_path", "block_table_traffic", "fragmentation", "trace_replay")
 
 
 def target_texts() -> dict[str, str]:
