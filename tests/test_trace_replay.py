@@ -14,6 +14,7 @@ from benchmarks.host.report import trace_replay as trace_report  # noqa: E402
 from benchmarks.host.report.table import TARGETS  # noqa: E402
 from benchmarks.host.trace_replay import (  # noqa: E402
     ReplayConfig,
+    eviction_cost,
     infinite_pool_hit_tokens,
     jobs_from_records,
     prompt_tokens,
@@ -118,6 +119,29 @@ def test_preemption_under_a_full_pool_and_every_request_finishes() -> None:
         assert s["preemptions"] > 0 and s["readmissions"] == s["preemptions"]
         # a preempted request finds its own prompt (and outputs) still cached
         assert s["readmission_hit_rate"] > 0.5
+
+
+def test_tagma_variants_run_as_more_sides_or_are_skipped() -> None:
+    cfg = ReplayConfig(pool_blocks=1024, max_num_batched_tokens=2048)
+    jobs, _ = jobs_from_records(_sharing_trace(), cfg)
+    variants = {"no_watermark": {"watermark": 0.0}, "bogus": {"no_such_argument": 1}}
+    out = replay(jobs, cfg, variants=variants)
+    assert list(out["sides"]) == ["paged", "tagma", "no_watermark"]
+    assert "no_such_argument" in out["variants_skipped"]["bogus"]
+    assert out["sides"]["no_watermark"]["hit_tokens"] == out["sides"]["paged"]["hit_tokens"] == 1024 + 512
+    assert out["same_hits_per_request_vs_paged"] == {"tagma": True, "no_watermark": True}
+    with pytest.raises(ValueError, match="taken"):
+        replay(jobs, cfg, variants={"tagma": {}})
+
+
+def test_eviction_cost_needs_a_default_and_an_lru_side() -> None:
+    side = {"hit_rate": 0.40, "prefix_eviction": "contiguous"}
+    lru = {"hit_rate": 0.43, "prefix_eviction": "lru"}
+    cost = eviction_cost({"paged": {"hit_rate": 0.43}, "tagma": side, "tagma_lru": lru})
+    assert cost is not None and cost["lru_side"] == "tagma_lru" and cost["default"] == "contiguous"
+    assert cost["points_below_lru"] == pytest.approx(3.0)
+    assert eviction_cost({"paged": {}, "tagma": side}) is None
+    assert eviction_cost({"paged": {}, "tagma": {"hit_rate": 0.4}, "x": lru}) is None  # no modes here
 
 
 def test_requests_larger_than_the_pool_are_left_out() -> None:

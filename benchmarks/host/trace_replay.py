@@ -5,7 +5,10 @@ conversation trace): arrival time, prompt and output lengths, and one hash id pe
 prompt. Each side is one manager built from the same ``KVCacheConfig`` (``pool_blocks`` blocks of
 ``block_size`` tokens, one full-attention group, prefix caching on): vLLM's own ``KVCacheManager`` and
 ``TagmaKVCacheManager(...)`` (the factory: whichever manager tagma builds with caching on), in one process,
-stepped alternately (A B, B A, ...) on one simulated clock.
+stepped alternately (A B, B A, ...) on one simulated clock. ``tagma_variants`` adds tagma managers built with
+extra factory arguments (e.g. ``prefix_eviction: lru``, exact LRU, against the default contiguity-aware
+eviction of the prefix-index manager: ``eviction_cost_points`` is what the default gives up in hit rate); a
+variant whose arguments this tagma's factory does not take is skipped, with the reason recorded.
 
 Prompts: every hash id ``h`` stands for 512 deterministic token ids (the first is ``2**20 + h``, so ids that
 differ give blocks that differ; the rest are small ids derived from ``h``); a prompt is its hash ids' tokens
@@ -32,10 +35,11 @@ When nothing runs or waits on either side, the clock jumps to the next arrival.
 Measured per side: prefix hit rate (tokens found cached at a request's first admission / its prompt tokens;
 re-admissions after preemption separately), admission cost (``get_computed_blocks`` + ``allocate_slots`` of
 every successful admission, wall ns per request and per prompt token; refused attempts counted apart), the
-cost of building each request (vLLM's ``Request``, whose constructor hashes the prompt's blocks when the
-manager needs block hashes), ``free`` cost, ranges per request at completion (runs of consecutive block
-ids in the request's block table, for both sides), preemptions. ``infinite_pool_hit_rate`` is the trace's
-reuse bound at this block size: the share of prompt tokens whose blocks an earlier request already held.
+cost of building each request (vLLM's ``Request``, whose constructor hashes the prompt's blocks unless the
+manager says ``uses_block_hashes = False``, as tagma's scheduler then builds them), ``free`` cost, ranges
+per request at completion (runs of consecutive block ids in the request's block table, for every side),
+preemptions. ``infinite_pool_hit_rate`` is the trace's reuse bound at this block size: the share of prompt
+tokens whose blocks an earlier request already held.
 The time cost of a step (the model's forward pass) is not modelled beyond ``step_ms``.
 """
 
@@ -65,7 +69,6 @@ __all__ = ["ReplayConfig", "Job", "jobs_from_records", "prompt_tokens", "replay"
 
 init_none_hash(sha256)
 
-SIDES = ("paged", "tagma")
 HASH_ID_TOKEN_BASE = 1 << 20  # first token of a hash id's block: 2**20 + hash id
 OUTPUT_TOKEN_BASE = 1 << 30  # output tokens: 2**30 + request index (never shared)
 FILLER_MOD = 251  # the other tokens: small ids (CPython shares them; a 128K prompt stays about 1 MB)
@@ -390,6 +393,7 @@ def side_result(side: Side) -> dict[str, Any]:
     build = np.asarray(st.build_ns, dtype=np.float64)
     return {
         "manager_class": type(side.manager).__name__,
+        "prefix_eviction": getattr(side.manager, "prefix_eviction", None),
         "request_block_hashes": side.hasher is not None,
         "admitted": st.admitted,
         "finished": st.finished,
@@ -427,14 +431,20 @@ def replay(
     cfg: ReplayConfig,
     managers: dict[str, KVCacheManager] | None = None,
     progress: Callable[[int, float], None] | None = None,
+    variants: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Replay ``jobs`` through both managers (built from ``cfg`` unless given); JSON-ready result."""
+    """Replay ``jobs`` through every manager (built from ``cfg`` and ``variants`` unless given).
+
+    ``managers`` maps side names to managers; it must hold ``paged`` and ``tagma``. Returns a JSON-ready
+    result whose ``sides`` follow the managers' order.
+    """
     if not jobs:
         raise ValueError("no request to replay")
     max_len = max(j.record.input_length + j.output_tokens for j in jobs) + cfg.decode_tokens + cfg.block_size
+    skipped: dict[str, str] = {}
     if managers is None:
-        managers = build_managers(cfg, max_len)
-    sides = [Side(name, managers[name], cfg, jobs) for name in SIDES]
+        managers, skipped = build_managers(cfg, max_len, variants)
+    sides = [Side(name, manager, cfg, jobs) for name, manager in managers.items()]
     now = min(j.arrival_ms for j in jobs)
     steps = 0
     gc.collect()
@@ -463,8 +473,8 @@ def replay(
     results = {s.name: side_result(s) for s in sides}
     hit, prompt = infinite_pool_hit_tokens(jobs, cfg.block_size, cfg.hash_block_tokens)
     hits = {s.name: s.stats.hits for s in sides}
-    paged, tagma = results["paged"], results["tagma"]
-    return {
+    points = {name: _points(results[name], results["paged"]) for name in results if name != "paged"}
+    out: dict[str, Any] = {
         "config": asdict(cfg),
         "max_model_len": max_len,
         "requests": len(jobs),
@@ -474,15 +484,42 @@ def replay(
         "seconds": round(elapsed, 2),
         "infinite_pool_hit_rate": hit / prompt if prompt else None,
         "sides": results,
-        "hit_rate_points_tagma_minus_paged": 100 * (tagma["hit_rate"] - paged["hit_rate"])
-        if tagma["hit_rate"] is not None and paged["hit_rate"] is not None
-        else None,
+        "variants_skipped": skipped,
+        "hit_rate_points_tagma_minus_paged": points["tagma"],
+        "hit_rate_points_vs_paged": points,
         "same_hits_per_request": hits["paged"] == hits["tagma"],
+        "same_hits_per_request_vs_paged": {n: hits[n] == hits["paged"] for n in hits if n != "paged"},
+        "eviction_cost_points": eviction_cost(results),
     }
+    return out
 
 
-def build_managers(cfg: ReplayConfig, max_model_len: int) -> dict[str, KVCacheManager]:
-    """vLLM's manager and tagma's (through the factory), caching on, as vLLM's scheduler builds them."""
+def _points(side: dict[str, Any], paged: dict[str, Any]) -> float | None:
+    if side["hit_rate"] is None or paged["hit_rate"] is None:
+        return None
+    return 100.0 * (side["hit_rate"] - paged["hit_rate"])
+
+
+def eviction_cost(results: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """Hit rate (points) the default tagma eviction gives up against tagma with exact LRU, when both ran."""
+    tagma = results.get("tagma")
+    lru = next(
+        (name for name, r in results.items() if name != "tagma" and r.get("prefix_eviction") == "lru"), None
+    )
+    if tagma is None or lru is None or tagma.get("prefix_eviction") in (None, "lru"):
+        return None
+    cost = _points(results[lru], tagma)
+    return {"default": tagma["prefix_eviction"], "lru_side": lru, "points_below_lru": cost}
+
+
+def build_managers(
+    cfg: ReplayConfig, max_model_len: int, variants: dict[str, dict[str, Any]] | None = None
+) -> tuple[dict[str, KVCacheManager], dict[str, str]]:
+    """vLLM's manager, tagma's (through the factory) and one tagma manager per variant (name -> extra
+    keyword arguments of ``TagmaKVCacheManager(...)``), caching on, as vLLM's scheduler builds them.
+
+    Returns (managers, variants skipped with the reason: the factory refused their arguments).
+    """
     config = kv_cache_config(cfg.pool_blocks, cfg.block_size)
     kwargs: dict[str, Any] = {
         "max_model_len": max_model_len,
@@ -491,10 +528,19 @@ def build_managers(cfg: ReplayConfig, max_model_len: int) -> dict[str, KVCacheMa
         "enable_caching": True,
         "log_stats": True,
     }
-    return {
+    managers: dict[str, KVCacheManager] = {
         "paged": KVCacheManager(config, **kwargs),
         "tagma": TagmaKVCacheManager(config, placement_policy=cfg.policy, **kwargs),
     }
+    skipped: dict[str, str] = {}
+    for name, extra in (variants or {}).items():
+        if name in managers:
+            raise ValueError(f"variant name {name!r} is taken")
+        try:
+            managers[name] = TagmaKVCacheManager(config, placement_policy=cfg.policy, **kwargs, **extra)
+        except TypeError as exc:  # this tagma's factory does not take the variant's arguments
+            skipped[name] = f"{type(exc).__name__}: {exc}"
+    return managers, skipped
 
 
 def select_records(
@@ -553,7 +599,8 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         if steps % (cfg["trace_replay"].get("log_every_steps") or 4096) == 0:
             log.info("trace_replay: step %d, simulated %.0f s", steps, now / 1000.0)
 
-    out = replay(jobs, rcfg, progress=progress)
+    variants = {str(k): dict(v) for k, v in (tcfg.get("tagma_variants") or {}).items()}
+    out = replay(jobs, rcfg, progress=progress, variants=variants)
     return {
         "description": __doc__,
         "trace": trace.provenance.as_dict(),

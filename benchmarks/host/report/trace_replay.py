@@ -44,7 +44,8 @@ def headline_rows(section: dict[str, Any], contexts: list[int]) -> list[dict[str
             f"{_pct(section['infinite_pool_hit_rate']):.1f}%; same hit per request: "
             f"{'yes' if section['same_hits_per_request'] else 'no'}; {left_out} requests left out of "
             f"the window ({sel['too_large_for_pool']} larger than the pool, "
-            f"{sel['over_max_input_length']} over max_input_length, {sel['cap_mode']})",
+            f"{sel['over_max_input_length']} over max_input_length, {sel['cap_mode']}); tagma = "
+            f"{_label(tagma)}{_eviction_note(section)}",
         ),
         row(
             "trace admission per request (get_computed_blocks + allocate_slots)",
@@ -82,7 +83,41 @@ def headline_rows(section: dict[str, Any], contexts: list[int]) -> list[dict[str
             "count",
         ),
     ]
+    for name, side in section["sides"].items():
+        if name in ("paged", "tagma"):
+            continue
+        rows.append(
+            row(
+                f"prefix hit rate, {name} ({_label(side)})",
+                None,
+                _pct(paged["hit_rate"]),
+                _pct(side["hit_rate"]),
+                "%",
+                note=f"ranges/request mean {_mean(side['ranges_per_request']):.1f} "
+                f"(p99 {side['ranges_per_request']['p99']:.0f}), {side['preemptions']} preemptions, "
+                f"admission {_mean(side['admission_us']):.0f} us mean",
+            )
+        )
     return rows
+
+
+def _label(side: dict[str, Any]) -> str:
+    eviction = side.get("prefix_eviction")
+    return side["manager_class"] + (f", eviction {eviction}" if eviction else "")
+
+
+def _eviction_note(section: dict[str, Any]) -> str:
+    cost = section.get("eviction_cost_points")
+    skipped = section.get("variants_skipped") or {}
+    parts = []
+    if cost and cost["points_below_lru"] is not None:
+        parts.append(
+            f"; {cost['default']} eviction {cost['points_below_lru']:.2f} points below exact LRU "
+            f"({cost['lru_side']})"
+        )
+    if skipped:
+        parts.append(f"; variants not built by this tagma: {', '.join(skipped)}")
+    return "".join(parts)
 
 
 def plot(section: dict[str, Any], path: Path) -> Path:
@@ -90,9 +125,12 @@ def plot(section: dict[str, Any], path: Path) -> Path:
     data = section["sides"]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     ax = axes[0]
-    rates = [_pct(data[s]["hit_rate"]) or 0.0 for s in sides]
+    names = list(data)
+    rates = [_pct(data[s]["hit_rate"]) or 0.0 for s in names]
     rates.append(_pct(section["infinite_pool_hit_rate"]) or 0.0)
-    ax.bar(["vLLM", "tagma", "never evict"], rates, color=[COLOR["paged"], COLOR["tagma"], "0.6"])
+    labels = ["vLLM" if s == "paged" else s for s in names] + ["never evict"]
+    colors = [COLOR.get(s, "#9467bd") for s in names] + ["0.6"]
+    ax.bar(labels, rates, color=colors)
     for x, v in enumerate(rates):
         ax.text(x, v, f"{v:.1f}%", ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("prefix hit rate (% of prompt tokens)")
