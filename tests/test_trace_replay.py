@@ -43,6 +43,21 @@ def test_prompt_tokens_follow_hash_ids() -> None:
     assert prompt_tokens(rec(0, 1024, 1, (8, 7)))[:512] != a[:512]
 
 
+def test_requests_are_hashed_only_for_managers_that_read_hashes() -> None:
+    class Hashless:
+        uses_block_hashes = False
+
+    assert not trace_replay.uses_block_hashes(Hashless())  # type: ignore[arg-type]
+    assert trace_replay.uses_block_hashes(object())  # type: ignore[arg-type]
+    cfg = ReplayConfig(pool_blocks=64)
+    jobs, _ = jobs_from_records([rec(0, 600, 1, (1, 2))], cfg)
+    side = trace_replay.Side("x", Hashless(), cfg, jobs)  # type: ignore[arg-type]
+    live = trace_replay.Live(jobs[0])
+    assert side._build(live).block_hashes == []
+    hashed = trace_replay.Side("y", object(), cfg, jobs)  # type: ignore[arg-type]
+    assert len(hashed._build(live).block_hashes) == 600 // 16
+
+
 def test_runs_of_ids() -> None:
     assert runs_of_ids([]) == 0
     assert runs_of_ids([4, 5, 6]) == 1
@@ -81,7 +96,7 @@ def test_shared_prefixes_hit_on_both_sides() -> None:
         assert s["hit_rate"] == pytest.approx((1024 + 512) / (1024 + 1536 + 700))
         assert s["preemptions"] == 0 and s["ranges_per_request"]["count"] == 3
         assert s["admission_us"]["count"] == 3 and s["admission_ns_per_prompt_token"] > 0
-        assert s["request_block_hashes"]
+    assert out["sides"]["paged"]["request_block_hashes"]
     assert out["sides"]["tagma"]["manager_class"] != "KVCacheManager"
     assert out["same_hits_per_request"] and out["hit_rate_points_tagma_minus_paged"] == 0
     assert out["infinite_pool_hit_rate"] == pytest.approx(out["sides"]["paged"]["hit_rate"])
