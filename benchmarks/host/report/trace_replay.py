@@ -121,7 +121,6 @@ def _eviction_note(section: dict[str, Any]) -> str:
 
 
 def plot(section: dict[str, Any], path: Path) -> Path:
-    sides = ("paged", "tagma")
     data = section["sides"]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     ax = axes[0]
@@ -137,26 +136,27 @@ def plot(section: dict[str, Any], path: Path) -> Path:
     ax.set_title(f"{_name(section)}: {section['requests']} requests, pool {section['config']['pool_blocks']}",
                  fontsize=9)  # fmt: skip
     ax = axes[1]
-    xs = range(len(sides))
-    for off, key, label in ((-0.2, "mean", "mean"), (0.2, "p99", "p99")):
-        vals = [(data[s]["ranges_per_request"] or {}).get(key, 0.0) for s in sides]
-        ax.bar([x + off for x in xs], vals, 0.4, label=label, color=[COLOR[s] for s in sides],
-               alpha=1.0 if key == "mean" else 0.55)  # fmt: skip
-    ax.set_xticks(list(xs), ["vLLM", "tagma"])
+    xs = range(len(names))
+    colors = [COLOR.get(s, "#9467bd") for s in names]
+    for off, key in ((-0.2, "mean"), (0.2, "p99")):
+        vals = [(data[s]["ranges_per_request"] or {}).get(key, 0.0) for s in names]
+        ax.bar([x + off for x in xs], vals, 0.4, color=colors, alpha=1.0 if key == "mean" else 0.55)
+    ax.set_xticks(list(xs), labels[:-1])
     ax.set_yscale("log")
     ax.set_ylabel("ranges per request at completion")
     ax.set_title("mean (solid), p99 (light)", fontsize=9)
     ax = axes[2]
-    for s in sides:
-        adm = data[s]["admission_us"]
-        if adm:
-            ax.bar(
-                ["vLLM" if s == "paged" else "tagma"], [adm["mean"]], color=COLOR[s],
-                label=f"{s}: p99 {adm['p99']:.0f} us",
-            )  # fmt: skip
-    ax.set_ylabel("admission, mean us per request")
-    ax.set_title("get_computed_blocks + allocate_slots", fontsize=9)
-    ax.legend(fontsize=7)
+    for name in names:
+        adm, build = data[name]["admission_us"], data[name]["request_build_us"]
+        if not adm:
+            continue
+        label = "vLLM" if name == "paged" else name
+        color = COLOR.get(name, "#9467bd")
+        ax.bar([label], [adm["mean"]], color=color)
+        if build:
+            ax.bar([label], [build["mean"]], bottom=[adm["mean"]], color=color, alpha=0.45)
+    ax.set_ylabel("us per request, mean")
+    ax.set_title("admission (solid) + request build, hashing (light)", fontsize=9)
     for a in axes:
         a.grid(axis="y", alpha=0.3)
     return save_figure(fig, path)
