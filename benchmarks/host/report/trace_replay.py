@@ -111,9 +111,10 @@ def _eviction_note(section: dict[str, Any]) -> str:
     skipped = section.get("variants_skipped") or {}
     parts = []
     if cost and cost["points_below_lru"] is not None:
+        below = cost["points_below_lru"]
         parts.append(
-            f"; {cost['default']} eviction {cost['points_below_lru']:.2f} points below exact LRU "
-            f"({cost['lru_side']})"
+            f"; {cost['default']} eviction {abs(below):.2f} points {'below' if below > 0 else 'above'} "
+            f"exact LRU ({cost['lru_side']})"
         )
     if skipped:
         parts.append(f"; variants not built by this tagma: {', '.join(skipped)}")
