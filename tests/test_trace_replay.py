@@ -73,6 +73,7 @@ def test_infinite_pool_reference() -> None:
     hit, prompt = infinite_pool_hit_tokens(jobs, 16, HB)
     assert prompt == 1024 + 1536 + 1000 + 300
     # 2nd: both blocks of the 1st (1024); 3rd: block 1 (512); 4th: 288 of block 1, capped at 299 -> 288
+    assert trace_replay.reuse_bound(jobs, 16, HB) == [0, 1024, 512, 288]
     assert hit == 1024 + 512 + 288
 
 
@@ -95,6 +96,7 @@ def test_shared_prefixes_hit_on_both_sides() -> None:
         assert s["hit_tokens"] == 1024 + 512
         assert s["hit_rate"] == pytest.approx((1024 + 512) / (1024 + 1536 + 700))
         assert s["preemptions"] == 0 and s["ranges_per_request"]["count"] == 3
+        assert s["hits_over_reuse_bound"] == 0
         assert s["admission_us"]["count"] == 3 and s["admission_ns_per_prompt_token"] > 0
     assert out["sides"]["paged"]["request_block_hashes"]
     assert out["sides"]["tagma"]["manager_class"] != "KVCacheManager"
@@ -132,6 +134,7 @@ def test_preemption_under_a_full_pool_and_every_request_finishes() -> None:
         s = out["sides"][side]
         assert s["finished"] == 4
         assert s["preemptions"] > 0 and s["readmissions"] == s["preemptions"]
+        assert s["hits_over_reuse_bound"] == 0
         # a preempted request finds its own prompt (and outputs) still cached
         assert s["readmission_hit_rate"] > 0.5
 

@@ -39,7 +39,8 @@ cost of building each request (vLLM's ``Request``, whose constructor hashes the 
 manager says ``uses_block_hashes = False``, as tagma's scheduler then builds them), ``free`` cost, ranges
 per request at completion (runs of consecutive block ids in the request's block table, for every side),
 preemptions. ``infinite_pool_hit_rate`` is the trace's reuse bound at this block size: the share of prompt
-tokens whose blocks an earlier request already held.
+tokens whose blocks an earlier request already held; ``hits_over_reuse_bound`` counts a side's requests
+whose hit exceeds their own bound (a wrong hit; 0 expected).
 The time cost of a step (the model's forward pass) is not modelled beyond ``step_ms``.
 """
 
@@ -145,17 +146,17 @@ def prompt_tokens(record: TraceRecord, hash_block: int = trace_file.DEFAULT_HASH
     return out
 
 
-def infinite_pool_hit_tokens(jobs: Sequence[Job], block_size: int, hash_block: int) -> tuple[int, int]:
-    """(tokens an earlier request's blocks cover, prompt tokens) over ``jobs`` in order, never evicting.
+def reuse_bound(jobs: Sequence[Job], block_size: int, hash_block: int) -> list[int]:
+    """Per job, in order: the tokens of its prompt that an earlier request's prompt blocks cover.
 
-    A request's hit is its longest prefix of full engine blocks that an earlier request held, capped at
-    ``input_length - 1`` (the last token is always recomputed, as vLLM does).
+    That is its longest prefix of full engine blocks some earlier request held, capped at
+    ``input_length - 1`` (the last token is always recomputed, as vLLM does): the hit a pool that never
+    evicts would give, and an upper bound for any manager's hit (outputs are never shared here).
     """
     covered: dict[tuple[int, ...], int] = {}  # hash-id prefix -> tokens of its last block seen so far
-    hit_total = prompt_total = 0
+    bounds: list[int] = []
     for job in jobs:
         r = job.record
-        prompt_total += r.input_length
         hit = 0
         left = r.input_length
         prefix: tuple[int, ...] = ()
@@ -170,8 +171,13 @@ def infinite_pool_hit_tokens(jobs: Sequence[Job], block_size: int, hash_block: i
                 matching = seen >= n and n == hash_block
             if n > seen:
                 covered[prefix] = n
-        hit_total += min(hit, (r.input_length - 1) // block_size * block_size)
-    return hit_total, prompt_total
+        bounds.append(min(hit, (r.input_length - 1) // block_size * block_size))
+    return bounds
+
+
+def infinite_pool_hit_tokens(jobs: Sequence[Job], block_size: int, hash_block: int) -> tuple[int, int]:
+    """(tokens an earlier request's blocks cover, prompt tokens) over ``jobs`` (see :func:`reuse_bound`)."""
+    return sum(reuse_bound(jobs, block_size, hash_block)), sum(j.record.input_length for j in jobs)
 
 
 def runs_of_ids(ids: Sequence[int]) -> int:
@@ -219,7 +225,7 @@ class SideStats:
     running_allocate_ns: int = 0
     running_allocate_calls: int = 0
     ranges: list[int] = field(default_factory=list)
-    hits: list[int] = field(default_factory=list)  # per first admission, job order of admission
+    hits: dict[int, int] = field(default_factory=dict)  # job index -> tokens hit at its first admission
 
 
 class Side:
@@ -338,7 +344,7 @@ class Side:
                     st.admitted += 1
                     st.prompt_tokens += req.num_tokens
                     st.hit_tokens += hit
-                    st.hits.append(hit)
+                    st.hits[live.job.index] = hit
                     st.admission_ns.append(ns)
                     st.admission_tokens.append(req.num_tokens)
                 else:
@@ -471,8 +477,13 @@ def replay(
         gc.unfreeze()
     elapsed = time.perf_counter() - start
     results = {s.name: side_result(s) for s in sides}
-    hit, prompt = infinite_pool_hit_tokens(jobs, cfg.block_size, cfg.hash_block_tokens)
+    bounds = reuse_bound(jobs, cfg.block_size, cfg.hash_block_tokens)
+    hit, prompt = sum(bounds), sum(j.record.input_length for j in jobs)
     hits = {s.name: s.stats.hits for s in sides}
+    for s in sides:  # a hit no earlier prompt could have given is a wrong hit
+        results[s.name]["hits_over_reuse_bound"] = sum(
+            1 for job, bound in zip(jobs, bounds, strict=True) if hits[s.name].get(job.index, 0) > bound
+        )
     points = {name: _points(results[name], results["paged"]) for name in results if name != "paged"}
     out: dict[str, Any] = {
         "config": asdict(cfg),

@@ -41,7 +41,9 @@ def headline_rows(section: dict[str, Any], contexts: list[int]) -> list[dict[str
             "%",
             TARGETS["trace_hit_rate"],
             note=f"tokens found cached at first admission / prompt tokens; never-evicting pool "
-            f"{_pct(section['infinite_pool_hit_rate']):.1f}%; same hit per request: "
+            f"{_pct(section['infinite_pool_hit_rate']):.1f}%; hits over the reuse bound (wrong hits): "
+            f"paged {paged.get('hits_over_reuse_bound')}, tagma {tagma.get('hits_over_reuse_bound')}; "
+            f"same hit per request: "
             f"{'yes' if section['same_hits_per_request'] else 'no'}; {left_out} requests left out of "
             f"the window ({sel['too_large_for_pool']} larger than the pool, "
             f"{sel['over_max_input_length']} over max_input_length, {sel['cap_mode']}); tagma = "
