@@ -4,9 +4,11 @@ vLLM's own classes and ops on one side, tagma's on the other, in one process, in
 engine_ops (native tagma_bench + ctypes), manager (KVCacheManager vs TagmaKVCacheManager), write_path
 (vLLM's CPU slot-mapping op vs range arithmetic, memcpy floor), block_table_traffic (bytes per step),
 fragmentation (per placement policy), prefix_index (the engine's token-keyed index vs vLLM's block hashing
-and get_computed_blocks), profile (cProfile of the manager operations), inserver
-(KV cache manager CPU per step read from the newest ``make bench-inserver`` serve run). Sizes and repeats come
-from ``configs/host_bench.yaml`` and its ``size`` group (``size=smoke`` for a tiny run).
+and get_computed_blocks), profile (cProfile of the manager operations), inserver (KV cache manager CPU per
+step read from the newest ``make bench-inserver`` serve run), trace_replay (a request trace with prefix
+sharing through both managers; ``trace=PATH`` picks a JSONL trace, default the shipped Mooncake conversation
+trace). Sizes and repeats come from ``configs/host_bench.yaml`` and its ``size`` group
+(``size=smoke`` for a tiny run).
 
 Writes ``<out_dir>/host_bench.json`` (machine, versions, commit, load average; every measurement's median,
 min, max, repeats, unit, and the tagma/paged ratio of pairs), PNG plots, and prints a summary table;
@@ -33,7 +35,7 @@ log = logging.getLogger("benchmarks.host")
 
 SECTIONS = (
     "engine_ops", "manager", "prefix_ops", "write_path", "block_table_traffic", "fragmentation",
-    "prefix_index", "profile", "inserver",
+    "prefix_index", "profile", "inserver", "trace_replay",
 )  # fmt: skip
 
 
@@ -77,6 +79,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         prefix_ops,
         profiles,
         report,
+        trace_replay,
         write_path,
     )
     from benchmarks.host.timing import load_average
@@ -133,6 +136,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "prefix_index": lambda: prefix_index.run(cfg),
         "profile": lambda: profiles.run(cfg),
         "inserver": lambda: inserver.run(cfg),  # read from a serve run (make bench-inserver), not timed
+        "trace_replay": lambda: trace_replay.run(cfg),
     }
     for name in wanted:
         log.info("section %s ...", name)

@@ -19,6 +19,7 @@ from benchmarks.host.report import (
     manager_ops,
     prefix_index,
     prefix_ops,
+    trace_replay,
     write_path,
 )
 from benchmarks.host.report.table import GUIDE, TARGETS, at, summary_table
@@ -38,10 +39,11 @@ SECTIONS: dict[str, tuple[Any, str | None]] = {
     "fragmentation": (fragmentation, "fragmentation.png"),
     "inserver": (inserver, None),  # no figure: the serve run's report has its own
     "prefix_index": (prefix_index, "prefix_index.png"),
+    "trace_replay": (trace_replay, "trace_replay.png"),
 }
 FIGURE_ORDER = (
     "engine_ops", "manager", "prefix_ops", "write_path", "block_table_traffic", "fragmentation",
-    "prefix_index",
+    "prefix_index", "trace_replay",
 )  # fmt: skip
 
 

@@ -13,8 +13,9 @@ class Target:
     """What tagma should reach on one headline metric, at the largest headline context.
 
     ``better`` says how ``goal`` is read: ``speedup`` (met when paged / tagma >= goal), ``ratio`` (met when
-    tagma / paged <= goal, paged being a floor such as memcpy), ``max`` (met when tagma <= goal) or ``below``
-    (met when paged - tagma <= goal, e.g. hit-rate points).
+    tagma / paged <= goal, paged being a floor such as memcpy), ``max`` (met when tagma <= goal), ``below``
+    (met when paged - tagma <= goal, e.g. hit-rate points) or ``points`` (the same, both in percent: at most
+    ``goal`` points below vLLM).
     """
 
     text: str
@@ -29,6 +30,8 @@ class Target:
             return tagma <= self.goal
         if self.better == "below":  # tagma at most `goal` units below paged (e.g. hit-rate points)
             return None if paged is None else paged - tagma <= self.goal
+        if self.better == "points":
+            return None if paged is None else tagma >= paged - self.goal
         if not paged:
             return None
         ratio = tagma / paged
@@ -42,6 +45,8 @@ class Target:
             return f"missed: {tagma:.3g} {unit}, {self.goal:g} allowed"
         if self.better == "below" and paged is not None and tagma is not None:
             return f"missed: {paged - tagma:.2f} {unit} below, {self.goal:g} allowed"
+        if self.better == "points" and paged is not None and tagma is not None:
+            return f"missed: {paged - tagma:.2f} points below vLLM, {self.goal:g} allowed"
         ratio = tagma / paged if paged and tagma is not None else None
         if ratio is None:
             return "missed"
@@ -72,6 +77,8 @@ TARGETS: dict[str, Target] = {
                                   5.0),
     "fragmentation": Target("pool x0.7, saturated (paged preempts): mean <= 4, p99 <= 32 ranges/request, "
                             "none rejected", 4.0, "max"),
+    "trace_hit_rate": Target("hit rate on the conversation trace at equal pool size: tagma within 1 point "
+                             "of vLLM", 1.0, "points"),
 }
 # The target is measured on the range manager's placement under TAGMA_PLACEMENT=reserve (its default
 # admission 100/4), hinted prompt + output; "saturated" means vLLM's paged pool preempts in that trace.

@@ -1,0 +1,620 @@
+"""Section trace_replay: a request trace with prefix sharing through vLLM's KV cache manager and tagma's.
+
+The trace is a JSONL file of Mooncake records (:mod:`harness.trace_file`; by default the shipped FAST'25
+conversation trace): arrival time, prompt and output lengths, and one hash id per 512-token block of the
+prompt. Each side is one manager built from the same ``KVCacheConfig`` (``pool_blocks`` blocks of
+``block_size`` tokens, one full-attention group, prefix caching on): vLLM's own ``KVCacheManager`` and
+``TagmaKVCacheManager(...)`` (the factory: whichever manager tagma builds with caching on), in one process,
+stepped alternately (A B, B A, ...) on one simulated clock. ``tagma_variants`` adds tagma managers built with
+extra factory arguments (e.g. ``prefix_eviction: lru``, exact LRU, against the default contiguity-aware
+eviction of the prefix-index manager: ``eviction_cost_points`` is what the default gives up in hit rate); a
+variant whose arguments this tagma's factory does not take is skipped, with the reason recorded.
+
+Prompts: every hash id ``h`` stands for 512 deterministic token ids (the first is ``2**20 + h``, so ids that
+differ give blocks that differ; the rest are small ids derived from ``h``); a prompt is its hash ids' tokens
+in order, cut at ``input_length`` (the last trace block partial). Equal leading hash ids therefore give equal
+leading engine blocks (512 / block_size of them per trace block), and vLLM's chain hash (sha256, the
+scheduler's default) sees exactly the trace's sharing. Output tokens are fresh per request (never shared).
+
+The scheduler model is vLLM's, simplified to one step of simulated time (``step_ms``):
+1. requests whose (windowed, scaled) arrival time has come join the waiting queue, in arrival order;
+2. running requests first, in admission order, within ``max_num_batched_tokens``: a prefilling request
+   gets its next chunk (chunked prefill), a decoding one ``decode_tokens_per_step`` tokens (one
+   ``allocate_slots`` call for them, as a multi-token step; ``block_size`` by default, so every decode step
+   crosses one block boundary). When ``allocate_slots`` fails, the last running request is preempted
+   (``free``, status PREEMPTED, computed tokens reset, back to the front of the waiting queue; its outputs
+   stay part of its tokens), until the call succeeds or the request preempted itself;
+3. if nothing was preempted in the step, waiting requests are admitted in order while
+   ``max_num_seqs`` and the token budget allow: ``get_computed_blocks`` then ``allocate_slots(req, n, hit,
+   computed)`` (the admission, timed); a refusal stops admission for the step;
+4. computed tokens advance; a prefill that reached the prompt's end and every decode step append sampled
+   tokens (which hashes new full blocks, as vLLM does); a request that has produced
+   ``min(output_length, max_output_tokens)`` tokens is freed (``free``, timed) after its block ids are read.
+When nothing runs or waits on either side, the clock jumps to the next arrival.
+
+Measured per side: prefix hit rate (tokens found cached at a request's first admission / its prompt tokens;
+re-admissions after preemption separately), admission cost (``get_computed_blocks`` + ``allocate_slots`` of
+every successful admission, wall ns per request and per prompt token; refused attempts counted apart), the
+cost of building each request (vLLM's ``Request``, whose constructor hashes the prompt's blocks unless the
+manager says ``uses_block_hashes = False``, as tagma's scheduler then builds them), ``free`` cost, ranges
+per request at completion (runs of consecutive block ids in the request's block table, for every side),
+preemptions. ``infinite_pool_hit_rate`` is the trace's reuse bound at this block size: the share of prompt
+tokens whose blocks an earlier request already held; ``hits_over_reuse_bound`` counts a side's requests
+whose hit exceeds their own bound (a wrong hit; 0 expected).
+The time cost of a step (the model's forward pass) is not modelled beyond ``step_ms``.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.request import Request, RequestStatus
+
+from benchmarks.host.manager_ops import kv_cache_config
+from harness import trace_file
+from harness.trace_file import TraceRecord
+from tagma.core.manager import TagmaKVCacheManager
+
+__all__ = ["ReplayConfig", "Job", "jobs_from_records", "prompt_tokens", "replay", "run"]
+
+init_none_hash(sha256)
+
+HASH_ID_TOKEN_BASE = 1 << 20  # first token of a hash id's block: 2**20 + hash id
+OUTPUT_TOKEN_BASE = 1 << 30  # output tokens: 2**30 + request index (never shared)
+FILLER_MOD = 251  # the other tokens: small ids (CPython shares them; a 128K prompt stays about 1 MB)
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    pool_blocks: int
+    block_size: int = 16
+    hash_block_tokens: int = trace_file.DEFAULT_HASH_BLOCK_TOKENS
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    decode_tokens_per_step: int | None = None  # None: block_size
+    step_ms: float = 50.0
+    max_output_tokens: int | None = None
+    policy: str = "headroom"
+    gc_every_steps: int = 64
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.hash_block_tokens % self.block_size:
+            raise ValueError(
+                f"block_size {self.block_size} must divide the trace's hash block ({self.hash_block_tokens})"
+            )
+        if self.pool_blocks < 2:
+            raise ValueError(f"pool_blocks must be >= 2, got {self.pool_blocks}")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.step_ms <= 0:
+            raise ValueError("max_num_seqs, max_num_batched_tokens and step_ms must be positive")
+        if self.decode_tokens_per_step is not None and self.decode_tokens_per_step < 1:
+            raise ValueError("decode_tokens_per_step must be >= 1")
+        if self.max_output_tokens is not None and self.max_output_tokens < 1:
+            raise ValueError("max_output_tokens must be >= 1")
+
+    @property
+    def decode_tokens(self) -> int:
+        return self.decode_tokens_per_step or self.block_size
+
+
+@dataclass(frozen=True)
+class Job:
+    index: int
+    arrival_ms: float
+    record: TraceRecord
+    output_tokens: int  # min(output_length, max_output_tokens), at least 1
+
+
+def jobs_from_records(records: Sequence[TraceRecord], cfg: ReplayConfig) -> tuple[list[Job], int]:
+    """Jobs in arrival order; those that cannot fit the pool alone are left out (returns how many)."""
+    jobs: list[Job] = []
+    too_large = 0
+    usable = cfg.pool_blocks - 1  # block 0 is vLLM's null block
+    for r in trace_file.arrival_order(records):
+        out = max(1, min(r.output_length, cfg.max_output_tokens or r.output_length))
+        if math.ceil((r.input_length + out + cfg.decode_tokens) / cfg.block_size) > usable:
+            too_large += 1
+            continue
+        jobs.append(Job(len(jobs), float(r.timestamp_ms), r, out))
+    return jobs, too_large
+
+
+def hash_block_tokens(hash_id: int, count: int) -> list[int]:
+    """The token ids a hash id stands for (its first ``count`` of them)."""
+    base = hash_id * 31
+    return [HASH_ID_TOKEN_BASE + hash_id] + [(base + j) % FILLER_MOD for j in range(1, count)]
+
+
+def prompt_tokens(record: TraceRecord, hash_block: int = trace_file.DEFAULT_HASH_BLOCK_TOKENS) -> list[int]:
+    """The prompt of a record: its hash ids' tokens in order, ``input_length`` of them."""
+    out: list[int] = []
+    left = record.input_length
+    for h in record.hash_ids:
+        n = min(hash_block, left)
+        out += hash_block_tokens(h, n)
+        left -= n
+    return out
+
+
+def reuse_bound(jobs: Sequence[Job], block_size: int, hash_block: int) -> list[int]:
+    """Per job, in order: the tokens of its prompt that an earlier request's prompt blocks cover.
+
+    That is its longest prefix of full engine blocks some earlier request held, capped at
+    ``input_length - 1`` (the last token is always recomputed, as vLLM does): the hit a pool that never
+    evicts would give, and an upper bound for any manager's hit (outputs are never shared here).
+    """
+    covered: dict[tuple[int, ...], int] = {}  # hash-id prefix -> tokens of its last block seen so far
+    bounds: list[int] = []
+    for job in jobs:
+        r = job.record
+        hit = 0
+        left = r.input_length
+        prefix: tuple[int, ...] = ()
+        matching = True
+        for h in r.hash_ids:
+            n = min(hash_block, left)
+            left -= n
+            prefix = (*prefix, h)
+            seen = covered.get(prefix, 0)
+            if matching:
+                hit += min(seen, n) // block_size * block_size
+                matching = seen >= n and n == hash_block
+            if n > seen:
+                covered[prefix] = n
+        bounds.append(min(hit, (r.input_length - 1) // block_size * block_size))
+    return bounds
+
+
+def infinite_pool_hit_tokens(jobs: Sequence[Job], block_size: int, hash_block: int) -> tuple[int, int]:
+    """(tokens an earlier request's blocks cover, prompt tokens) over ``jobs`` (see :func:`reuse_bound`)."""
+    return sum(reuse_bound(jobs, block_size, hash_block)), sum(j.record.input_length for j in jobs)
+
+
+def runs_of_ids(ids: Sequence[int]) -> int:
+    """Runs of consecutive block ids (what a range descriptor of the block table would need)."""
+    if not ids:
+        return 0
+    arr = np.asarray(ids, dtype=np.int64)
+    return 1 + int(np.count_nonzero(np.diff(arr) != 1))
+
+
+def uses_block_hashes(manager: KVCacheManager) -> bool:
+    """Whether requests for ``manager`` need vLLM's per-request block hashes (its prefix-cache keys).
+
+    A manager that keys its prefix cache otherwise says so with a false ``uses_block_hashes`` attribute;
+    vLLM's manager and tagma's block-object manager read ``request.block_hashes``.
+    """
+    return bool(getattr(manager, "uses_block_hashes", True))
+
+
+@dataclass
+class Live:
+    job: Job
+    request: Request | None = None
+    prefill_end: int = 0  # tokens to compute before the next sampled token (set at admission)
+    first_hit: int | None = None
+
+
+@dataclass
+class SideStats:
+    admitted: int = 0
+    readmitted: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    readmit_tokens: int = 0
+    readmit_hit_tokens: int = 0
+    preemptions: int = 0
+    refused_admissions: int = 0
+    refused_admission_ns: int = 0
+    finished: int = 0
+    admission_ns: list[int] = field(default_factory=list)  # successful first admissions
+    admission_tokens: list[int] = field(default_factory=list)
+    readmission_ns: list[int] = field(default_factory=list)
+    build_ns: list[int] = field(default_factory=list)
+    free_ns: list[int] = field(default_factory=list)
+    running_allocate_ns: int = 0
+    running_allocate_calls: int = 0
+    ranges: list[int] = field(default_factory=list)
+    hits: dict[int, int] = field(default_factory=dict)  # job index -> tokens hit at its first admission
+
+
+class Side:
+    """One manager under the scheduler model."""
+
+    def __init__(self, name: str, manager: KVCacheManager, cfg: ReplayConfig, jobs: Sequence[Job]) -> None:
+        self.name = name
+        self.manager = manager
+        self.cfg = cfg
+        self.pending: deque[Job] = deque(jobs)
+        self.waiting: deque[Live] = deque()
+        self.running: list[Live] = []
+        self.stats = SideStats()
+        self.hasher = get_request_block_hasher(cfg.block_size, sha256) if uses_block_hashes(manager) else None
+        self.params = SamplingParams(max_tokens=1 << 20)
+        self.params.update_from_generation_config({}, eos_token_id=OUTPUT_TOKEN_BASE - 1)
+
+    @property
+    def done(self) -> bool:
+        return not (self.pending or self.waiting or self.running)
+
+    @property
+    def idle(self) -> bool:
+        return not (self.waiting or self.running)
+
+    def next_arrival(self) -> float | None:
+        return self.pending[0].arrival_ms if self.pending else None
+
+    def _build(self, live: Live) -> Request:
+        tokens = prompt_tokens(live.job.record, self.cfg.hash_block_tokens)
+        t0 = time.perf_counter_ns()
+        req = Request(
+            request_id=f"r{live.job.index}",
+            prompt_token_ids=tokens,
+            sampling_params=self.params,
+            pooling_params=None,
+            arrival_time=live.job.arrival_ms / 1000.0,
+            block_hasher=self.hasher,
+        )
+        self.stats.build_ns.append(time.perf_counter_ns() - t0)
+        return req
+
+    def _preempt(self, victim: Live) -> None:
+        req = victim.request
+        assert req is not None
+        self.manager.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.waiting.appendleft(victim)
+        self.stats.preemptions += 1
+
+    def _finish(self, live: Live) -> None:
+        req = live.request
+        assert req is not None
+        ids = self.manager.get_block_ids(req.request_id)[0]
+        self.stats.ranges.append(runs_of_ids(ids))
+        req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        t0 = time.perf_counter_ns()
+        self.manager.free(req)
+        self.stats.free_ns.append(time.perf_counter_ns() - t0)
+        live.request = None
+        self.stats.finished += 1
+
+    def step(self, now_ms: float) -> None:
+        cfg, mgr, st = self.cfg, self.manager, self.stats
+        while self.pending and self.pending[0].arrival_ms <= now_ms:
+            self.waiting.append(Live(self.pending.popleft()))
+        budget = cfg.max_num_batched_tokens
+        scheduled: list[tuple[Live, int]] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            live = self.running[i]
+            req = live.request
+            assert req is not None
+            if req.num_computed_tokens < live.prefill_end:
+                n = min(live.prefill_end - req.num_computed_tokens, budget)
+            else:
+                n = min(cfg.decode_tokens, budget, live.job.output_tokens - req.num_output_tokens)
+            while True:
+                t0 = time.perf_counter_ns()
+                new = mgr.allocate_slots(req, n)
+                st.running_allocate_ns += time.perf_counter_ns() - t0
+                st.running_allocate_calls += 1
+                if new is not None:
+                    break
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is live:
+                    break
+            if new is None:
+                break
+            scheduled.append((live, n))
+            budget -= n
+            i += 1
+        if not preempted:
+            while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+                live = self.waiting[0]
+                if live.request is None:
+                    live.request = self._build(live)
+                req = live.request
+                t0 = time.perf_counter_ns()
+                computed, hit, *_ = mgr.get_computed_blocks(req)
+                n = min(req.num_tokens - hit, budget)
+                new = mgr.allocate_slots(req, n, hit, computed, has_scheduled_reqs=bool(self.running))
+                ns = time.perf_counter_ns() - t0
+                if new is None:
+                    st.refused_admissions += 1
+                    st.refused_admission_ns += ns
+                    break
+                self.waiting.popleft()
+                if live.first_hit is None:
+                    live.first_hit = hit
+                    st.admitted += 1
+                    st.prompt_tokens += req.num_tokens
+                    st.hit_tokens += hit
+                    st.hits[live.job.index] = hit
+                    st.admission_ns.append(ns)
+                    st.admission_tokens.append(req.num_tokens)
+                else:
+                    st.readmitted += 1
+                    st.readmit_tokens += req.num_tokens
+                    st.readmit_hit_tokens += hit
+                    st.readmission_ns.append(ns)
+                req.status = RequestStatus.RUNNING
+                req.num_computed_tokens = hit
+                live.prefill_end = req.num_tokens
+                self.running.append(live)
+                scheduled.append((live, n))
+                budget -= n
+        # after the step: computed tokens advance, sampled tokens arrive, finished requests leave
+        finished: list[Live] = []
+        for live, n in scheduled:
+            req = live.request
+            assert req is not None
+            before = req.num_computed_tokens
+            req.num_computed_tokens += n
+            if before < live.prefill_end:
+                if req.num_computed_tokens < live.prefill_end:
+                    continue  # a chunk in the middle of the prefill samples nothing
+                new_tokens = 1
+            else:
+                new_tokens = n
+            req.append_output_token_ids([OUTPUT_TOKEN_BASE + live.job.index] * new_tokens)
+            if req.num_output_tokens >= live.job.output_tokens:
+                finished.append(live)
+        for live in finished:
+            self.running.remove(live)
+            self._finish(live)
+
+
+def _summary(values: Sequence[float]) -> dict[str, float] | None:
+    if len(values) == 0:
+        return None
+    a = np.asarray(values, dtype=np.float64)
+    return {
+        "mean": float(a.mean()),
+        "p50": float(np.percentile(a, 50)),
+        "p99": float(np.percentile(a, 99)),
+        "max": float(a.max()),
+        "count": len(a),
+    }
+
+
+def side_result(side: Side) -> dict[str, Any]:
+    st = side.stats
+    adm = np.asarray(st.admission_ns, dtype=np.float64)
+    toks = np.asarray(st.admission_tokens, dtype=np.float64)
+    build = np.asarray(st.build_ns, dtype=np.float64)
+    return {
+        "manager_class": type(side.manager).__name__,
+        "prefix_eviction": getattr(side.manager, "prefix_eviction", None),
+        "request_block_hashes": side.hasher is not None,
+        "admitted": st.admitted,
+        "finished": st.finished,
+        "prompt_tokens": st.prompt_tokens,
+        "hit_tokens": st.hit_tokens,
+        "hit_rate": st.hit_tokens / st.prompt_tokens if st.prompt_tokens else None,
+        "readmissions": st.readmitted,
+        "readmission_hit_rate": st.readmit_hit_tokens / st.readmit_tokens if st.readmit_tokens else None,
+        "preemptions": st.preemptions,
+        "refused_admissions": st.refused_admissions,
+        "refused_admission_ms_total": st.refused_admission_ns / 1e6,
+        "admission_us": _summary(adm / 1e3) if len(adm) else None,
+        "admission_ns_per_prompt_token": float(adm.sum() / toks.sum()) if len(adm) else None,
+        "request_build_us": _summary(build / 1e3) if len(build) else None,
+        "request_build_ns_per_prompt_token": float(build.sum() / sum(st.admission_tokens))
+        if st.admission_tokens and len(build)
+        else None,
+        "admission_with_build_us_mean": float((adm.sum() + build.sum()) / len(adm) / 1e3)
+        if len(adm)
+        else None,
+        "readmission_us": _summary(np.asarray(st.readmission_ns, dtype=np.float64) / 1e3)
+        if st.readmission_ns
+        else None,
+        "free_us": _summary(np.asarray(st.free_ns, dtype=np.float64) / 1e3) if st.free_ns else None,
+        "running_allocate_us_mean": st.running_allocate_ns / st.running_allocate_calls / 1e3
+        if st.running_allocate_calls
+        else None,
+        "running_allocate_calls": st.running_allocate_calls,
+        "ranges_per_request": _summary(st.ranges),
+    }
+
+
+def replay(
+    jobs: Sequence[Job],
+    cfg: ReplayConfig,
+    managers: dict[str, KVCacheManager] | None = None,
+    progress: Callable[[int, float], None] | None = None,
+    variants: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Replay ``jobs`` through every manager (built from ``cfg`` and ``variants`` unless given).
+
+    ``managers`` maps side names to managers; it must hold ``paged`` and ``tagma``. Returns a JSON-ready
+    result whose ``sides`` follow the managers' order.
+    """
+    if not jobs:
+        raise ValueError("no request to replay")
+    max_len = max(j.record.input_length + j.output_tokens for j in jobs) + cfg.decode_tokens + cfg.block_size
+    skipped: dict[str, str] = {}
+    if managers is None:
+        managers, skipped = build_managers(cfg, max_len, variants)
+    sides = [Side(name, manager, cfg, jobs) for name, manager in managers.items()]
+    now = min(j.arrival_ms for j in jobs)
+    steps = 0
+    gc.collect()
+    gc.freeze()  # the managers' long-lived objects: the periodic collections below skip them
+    was_enabled = gc.isenabled()
+    gc.disable()  # no collection inside a timed call; requests' reference cycles are collected between steps
+    start = time.perf_counter()
+    try:
+        while not all(s.done for s in sides):
+            if all(s.idle for s in sides):
+                arrivals = [a for a in (s.next_arrival() for s in sides) if a is not None]
+                now = max(now, min(arrivals))
+            for side in sides if steps % 2 == 0 else reversed(sides):
+                side.step(now)
+            steps += 1
+            now += cfg.step_ms
+            if steps % cfg.gc_every_steps == 0:
+                gc.collect()
+                if progress is not None:
+                    progress(steps, now)
+    finally:
+        if was_enabled:
+            gc.enable()
+        gc.unfreeze()
+    elapsed = time.perf_counter() - start
+    results = {s.name: side_result(s) for s in sides}
+    bounds = reuse_bound(jobs, cfg.block_size, cfg.hash_block_tokens)
+    hit, prompt = sum(bounds), sum(j.record.input_length for j in jobs)
+    hits = {s.name: s.stats.hits for s in sides}
+    for s in sides:  # a hit no earlier prompt could have given is a wrong hit
+        results[s.name]["hits_over_reuse_bound"] = sum(
+            1 for job, bound in zip(jobs, bounds, strict=True) if hits[s.name].get(job.index, 0) > bound
+        )
+    points = {name: _points(results[name], results["paged"]) for name in results if name != "paged"}
+    out: dict[str, Any] = {
+        "config": asdict(cfg),
+        "max_model_len": max_len,
+        "requests": len(jobs),
+        "prompt_tokens": prompt,
+        "steps": steps,
+        "simulated_s": round((now - min(j.arrival_ms for j in jobs)) / 1000.0, 3),
+        "seconds": round(elapsed, 2),
+        "infinite_pool_hit_rate": hit / prompt if prompt else None,
+        "sides": results,
+        "variants_skipped": skipped,
+        "hit_rate_points_tagma_minus_paged": points["tagma"],
+        "hit_rate_points_vs_paged": points,
+        "same_hits_per_request": hits["paged"] == hits["tagma"],
+        "same_hits_per_request_vs_paged": {n: hits[n] == hits["paged"] for n in hits if n != "paged"},
+        "eviction_cost_points": eviction_cost(results),
+    }
+    return out
+
+
+def _points(side: dict[str, Any], paged: dict[str, Any]) -> float | None:
+    if side["hit_rate"] is None or paged["hit_rate"] is None:
+        return None
+    return 100.0 * (side["hit_rate"] - paged["hit_rate"])
+
+
+def eviction_cost(results: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """Hit rate (points) the default tagma eviction gives up against tagma with exact LRU, when both ran."""
+    tagma = results.get("tagma")
+    lru = next(
+        (name for name, r in results.items() if name != "tagma" and r.get("prefix_eviction") == "lru"), None
+    )
+    if tagma is None or lru is None or tagma.get("prefix_eviction") in (None, "lru"):
+        return None
+    cost = _points(results[lru], tagma)
+    return {"default": tagma["prefix_eviction"], "lru_side": lru, "points_below_lru": cost}
+
+
+def build_managers(
+    cfg: ReplayConfig, max_model_len: int, variants: dict[str, dict[str, Any]] | None = None
+) -> tuple[dict[str, KVCacheManager], dict[str, str]]:
+    """vLLM's manager, tagma's (through the factory) and one tagma manager per variant (name -> extra
+    keyword arguments of ``TagmaKVCacheManager(...)``), caching on, as vLLM's scheduler builds them.
+
+    Returns (managers, variants skipped with the reason: the factory refused their arguments).
+    """
+    config = kv_cache_config(cfg.pool_blocks, cfg.block_size)
+    kwargs: dict[str, Any] = {
+        "max_model_len": max_model_len,
+        "scheduler_block_size": cfg.block_size,
+        "hash_block_size": cfg.block_size,
+        "enable_caching": True,
+        "log_stats": True,
+    }
+    managers: dict[str, KVCacheManager] = {
+        "paged": KVCacheManager(config, **kwargs),
+        "tagma": TagmaKVCacheManager(config, placement_policy=cfg.policy, **kwargs),
+    }
+    skipped: dict[str, str] = {}
+    for name, extra in (variants or {}).items():
+        if name in managers:
+            raise ValueError(f"variant name {name!r} is taken")
+        try:
+            managers[name] = TagmaKVCacheManager(config, placement_policy=cfg.policy, **kwargs, **extra)
+        except TypeError as exc:  # this tagma's factory does not take the variant's arguments
+            skipped[name] = f"{type(exc).__name__}: {exc}"
+    return managers, skipped
+
+
+def select_records(
+    trace: trace_file.Trace, tcfg: dict[str, Any]
+) -> tuple[list[TraceRecord], dict[str, Any]]:
+    """The configured window of the trace and what it kept."""
+    records = trace_file.window(
+        trace.records,
+        start_ms=int(tcfg.get("start_ms") or 0),
+        duration_ms=tcfg.get("duration_ms"),
+        first=tcfg.get("first"),
+        time_scale=float(tcfg.get("time_scale") or 1.0),
+    )
+    in_window = len(records)
+    capped = 0
+    mode = str(tcfg.get("cap_mode") or "drop")
+    if tcfg.get("max_input_length"):
+        records, capped = trace_file.cap_input_length(
+            records, int(tcfg["max_input_length"]), mode, trace.hash_block_tokens
+        )
+    return records, {
+        "in_window": in_window,
+        "max_input_length": tcfg.get("max_input_length"),
+        "cap_mode": mode,
+        "over_max_input_length": capped,
+    }
+
+
+def run(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The section: load the configured trace (the shipped one by default), window it, replay it."""
+    import logging
+
+    log = logging.getLogger("benchmarks.host")
+    tcfg = cfg["trace_replay"]
+    hash_block = int(tcfg.get("hash_block_tokens") or trace_file.DEFAULT_HASH_BLOCK_TOKENS)
+    trace = trace_file.load(cfg.get("trace") or None, hash_block_tokens=hash_block)
+    records, selection = select_records(trace, tcfg)
+    rcfg = ReplayConfig(
+        pool_blocks=int(tcfg["pool_blocks"]),
+        block_size=int(cfg["block_size"]),
+        hash_block_tokens=hash_block,
+        max_num_seqs=int(tcfg["max_num_seqs"]),
+        max_num_batched_tokens=int(tcfg["max_num_batched_tokens"]),
+        decode_tokens_per_step=tcfg.get("decode_tokens_per_step"),
+        step_ms=float(tcfg["step_ms"]),
+        max_output_tokens=tcfg.get("max_output_tokens"),
+        policy=str(tcfg.get("policy") or cfg["manager"]["policy"]),
+    )
+    jobs, too_large = jobs_from_records(records, rcfg)
+    selection["too_large_for_pool"] = too_large
+    log.info(
+        "trace_replay: %d requests of %s, pool %d blocks", len(jobs), trace.provenance.path, rcfg.pool_blocks
+    )
+
+    def progress(steps: int, now: float) -> None:
+        if steps % (cfg["trace_replay"].get("log_every_steps") or 4096) == 0:
+            log.info("trace_replay: step %d, simulated %.0f s", steps, now / 1000.0)
+
+    variants = {str(k): dict(v) for k, v in (tcfg.get("tagma_variants") or {}).items()}
+    out = replay(jobs, rcfg, progress=progress, variants=variants)
+    return {
+        "description": __doc__,
+        "trace": trace.provenance.as_dict(),
+        "selection": selection,
+        **out,
+    }
