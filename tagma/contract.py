@@ -19,6 +19,9 @@ Environment of a tagma server (all optional):
 * ``TAGMA_RESERVE_ADMISSION``: ``<percent>/<pieces>`` (default ``100/4``; ``0`` turns it off): under
   ``reserve``, a waiting request is admitted once ``percent``% of its expected blocks fit in its ``pieces``
   largest free parts clear of other requests' reservations (else vLLM leaves it waiting);
+* ``TAGMA_PREFIX_EVICTION``: how the prefix index evicts cached blocks (``lru``: vLLM's exact order;
+  ``contiguous``, the default: runs of blocks, growth in place first; ``in_place``: also while blocks are
+  free);
 * ``TAGMA_RANGE_MANAGER``: ``0`` keeps the block-object manager when prefix caching is off (default: the
   range-native manager);
 * ``TAGMA_HOST_TIME_FILE``: where the server writes its in-server host (CPU) time records;
@@ -38,6 +41,7 @@ __all__ = [
     "DEFAULT_TELEMETRY_INTERVAL_S",
     "ENV_HOST_TIME_FILE",
     "ENV_PLACEMENT",
+    "ENV_PREFIX_EVICTION",
     "ENV_RANGE_MANAGER",
     "ENV_RESERVE_ADMISSION",
     "ENV_TELEMETRY_FILE",
@@ -63,6 +67,7 @@ ENV_TELEMETRY_FILE: Final = "TAGMA_TELEMETRY_FILE"
 ENV_TELEMETRY_INTERVAL_S: Final = "TAGMA_TELEMETRY_INTERVAL_S"
 DEFAULT_TELEMETRY_INTERVAL_S: Final = 1.0
 ENV_PLACEMENT: Final = "TAGMA_PLACEMENT"
+ENV_PREFIX_EVICTION: Final = "TAGMA_PREFIX_EVICTION"  # lru | contiguous (default) | in_place, caching on
 ENV_RANGE_MANAGER: Final = "TAGMA_RANGE_MANAGER"  # "0": the block-object manager even with caching off
 ENV_RESERVE_ADMISSION: Final = "TAGMA_RESERVE_ADMISSION"  # "<percent>/<pieces>" under TAGMA_PLACEMENT=reserve
 ENV_HOST_TIME_FILE: Final = "TAGMA_HOST_TIME_FILE"

@@ -18,6 +18,7 @@ SPELLED_ONCE = (
     contract.ENV_TELEMETRY_FILE,
     contract.ENV_TELEMETRY_INTERVAL_S,
     contract.ENV_PLACEMENT,
+    contract.ENV_PREFIX_EVICTION,
     contract.ENV_HOST_TIME_FILE,
     contract.PLACEMENT_TELEMETRY_FILE,
 )

@@ -40,6 +40,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.request import Request, RequestStatus
 
+from tagma.contract import ENV_PREFIX_EVICTION
 from tagma.core.manager import _SIGNATURE
 from tagma.core.range_manager import RangeBlocks, RangeKVCacheManager, ids_from_runs
 from tagma.engine import _raise
@@ -50,7 +51,6 @@ __all__ = ["ENV_PREFIX_EVICTION", "HitBlocks", "PrefixKVCacheManager"]
 
 logger = logging.getLogger("vllm.tagma")
 
-ENV_PREFIX_EVICTION = "TAGMA_PREFIX_EVICTION"
 # Contiguity-aware eviction by default: with a pool full of cached blocks, growing requests stay in few
 # ranges (exact LRU, "lru", keeps vLLM's eviction order).
 DEFAULT_EVICTION = "contiguous"
