@@ -15,7 +15,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -163,6 +163,21 @@ def _error(status: int, message: str) -> TagmaError:
 # ------------------------------------------------------------------------------------- values at the ABI
 
 
+_E = TypeVar("_E", bound=enum.IntEnum)
+
+
+def parse_member(cls: type[_E], value: str | int, what: str) -> _E:
+    """An engine enum member by name (any case, ``-`` or ``_``) or by value; a clear error naming ``what``."""
+    if isinstance(value, str):
+        key = value.strip().upper().replace("-", "_")
+        try:
+            return cls[key]
+        except KeyError:
+            names = ", ".join(m.name.lower() for m in cls)
+            raise ValueError(f"unknown {what} {value!r}; expected one of: {names}") from None
+    return cls(value)
+
+
 class Policy(enum.IntEnum):
     """Placement policy for a new range (in-place growth of the last range is always tried first)."""
 
@@ -174,14 +189,7 @@ class Policy(enum.IntEnum):
     @classmethod
     def parse(cls, value: str | int) -> Policy:
         """``"best_fit"``, ``"BEST-FIT"``, ``1`` or ``Policy.BEST_FIT`` -> ``Policy.BEST_FIT``."""
-        if isinstance(value, str):
-            key = value.strip().upper().replace("-", "_")
-            try:
-                return cls[key]
-            except KeyError:
-                names = ", ".join(p.name.lower() for p in cls)
-                raise ValueError(f"unknown tagma policy {value!r}; expected one of: {names}") from None
-        return cls(value)
+        return parse_member(cls, value, "tagma policy")
 
 
 @dataclass(frozen=True, slots=True)

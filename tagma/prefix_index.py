@@ -40,7 +40,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from tagma.engine import I32Array, RangeEngine, _load, _raise, library_path
+from tagma.engine import I32Array, RangeEngine, _load, _raise, library_path, parse_member
 
 __all__ = ["EvictionMode", "PrefixIndex", "PrefixStats", "pylist_available"]
 
@@ -78,14 +78,7 @@ class EvictionMode(enum.IntEnum):
 
     @classmethod
     def parse(cls, value: str | int) -> EvictionMode:
-        if isinstance(value, str):
-            key = value.strip().upper().replace("-", "_")
-            try:
-                return cls[key]
-            except KeyError:
-                names = ", ".join(m.name.lower() for m in cls)
-                raise ValueError(f"unknown eviction mode {value!r}; expected one of: {names}") from None
-        return cls(value)
+        return parse_member(cls, value, "eviction mode")
 
 
 @dataclass(frozen=True, slots=True)
