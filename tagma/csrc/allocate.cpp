@@ -22,12 +22,11 @@ void Engine::append(uint64_t id, int64_t count, int32_t* new_blocks_out, int32_t
   }
 
   if (prefix_) {  // the prefix index picks the victims by its eviction mode (align is 1: no undo needed)
-    const int64_t evicted = prefix_make_room(request, count);
-    counters_.evictions += evicted;
-    const int64_t listed = std::min<int64_t>(count, static_cast<int64_t>(prefix_evicted_.size()));
+    allocate(id, request, count, new_blocks_out);
+    const auto evicted = static_cast<int64_t>(prefix_evicted_.size());
+    const int64_t listed = std::min(count, evicted);
     for (int64_t i = 0; evicted_out != nullptr && i < listed; ++i) evicted_out[i] = prefix_evicted_[static_cast<size_t>(i)];
     if (num_evicted != nullptr) *num_evicted = evicted;
-    allocate(id, request, count, new_blocks_out);
     return;
   }
   const std::vector<Eviction> evicted = evict(std::max<int64_t>(count - free_blocks, 0));
@@ -123,8 +122,16 @@ bool Engine::can_allocate(const Request& request, int64_t count) const {
   return capacity >= rest;
 }
 
-// Requires can_allocate(request, count).
 void Engine::allocate(uint64_t id, Request& request, int64_t count, int32_t* new_blocks_out) {
+  if (prefix_) {
+    prefix_allocate(id, request, count, new_blocks_out);
+  } else {
+    allocate_free(id, request, count, new_blocks_out);
+  }
+}
+
+// Requires can_allocate(request, count).
+void Engine::allocate_free(uint64_t id, Request& request, int64_t count, int32_t* new_blocks_out) {
   const int64_t ranges_before = request.num_ranges();
   const int32_t end_before = request.ranges().empty() ? -1 : request.ranges().back().end();
   auto rest = static_cast<int32_t>(count);
@@ -193,7 +200,7 @@ bool Engine::admissible(uint64_t id, const Request& request, int64_t count) cons
 }
 
 void Engine::update_frontier(uint64_t id, const Request& request, int32_t old_end) {
-  if (policy_ != Policy::kReserve) return;  // kept only where RESERVE reads it; rebuilt by set_policy
+  if (!tracks_frontiers()) return;  // kept only where placement reads it; rebuilt when it starts to be
   const int32_t new_end = request.ranges().empty() ? -1 : request.ranges().back().end();
   if (new_end == old_end) return;
   if (old_end >= 0) {
@@ -272,8 +279,13 @@ void Engine::add_new_range(Request& request, int32_t start, int32_t count, int32
 // request's logical end. Returns whether they merged into its last range.
 bool Engine::take_blocks(Request& request, int32_t start, int32_t count, int32_t*& new_blocks_out) {
   free_list_.take(start, count);
+  take_unused(start, count);
   for (int32_t block = start; block < start + count; ++block) {
     req_refs_[static_cast<size_t>(block)] = 1;
+    if (!used_ever_.empty() && used_ever_[static_cast<size_t>(block)] == 0) {
+      used_ever_[static_cast<size_t>(block)] = 1;
+      --never_used_;
+    }
     if (new_blocks_out != nullptr) *new_blocks_out++ = block;
   }
   used_blocks_ += count;

@@ -83,7 +83,12 @@ void Engine::append_runs_batch(const tagma_append_batch& batch) {
     fail(TAGMA_E_INVALID_ARG, "runs_capacity ", batch.runs_capacity, " must be >= the sum of counts ", total);
   }
   const int64_t free_blocks = free_list_.free_blocks();
-  if (total > free_blocks) {
+  if (prefix_) {  // with the prefix index the batch evicts as tagma_request_append does (align is 1)
+    if (total > free_blocks + lru_.size()) {
+      fail(TAGMA_E_NO_SPACE, "the counts' sum ", total, " exceeds the ", free_blocks, " free + ", lru_.size(),
+           " cache-only blocks");
+    }
+  } else if (total > free_blocks) {
     if (lru_.size() > 0) {
       fail(TAGMA_E_STATE, "the counts' sum ", total, " would evict cache-only blocks (", free_blocks,
            " free): use tagma_request_append, which reports evictions");
@@ -92,7 +97,7 @@ void Engine::append_runs_batch(const tagma_append_batch& batch) {
   }
   // Each append of c blocks takes exactly c blocks of aligned capacity (ranges start and end at multiples of
   // align), so the whole batch fits when its sum does.
-  if (total > free_list_.total_capacity()) {
+  if (!prefix_ && total > free_list_.total_capacity()) {
     fail(TAGMA_E_NO_SPACE, "the counts' sum ", total, ": enough blocks are free but too few at multiples of align ",
          geometry_.align);
   }

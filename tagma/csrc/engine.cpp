@@ -37,13 +37,17 @@ Engine::Engine(const Geometry& geometry, Policy policy)
 
 void Engine::set_policy(int32_t policy) {
   const Policy parsed = parse_policy(policy);
-  if (parsed == Policy::kReserve && policy_ != Policy::kReserve) {
-    frontiers_.clear();  // kept only under RESERVE: rebuilt from the live requests
-    for (const auto& [id, request] : requests_) {
-      if (!request.ranges().empty()) frontiers_[request.ranges().back().end()] = id;
-    }
-  }
+  if (parsed == Policy::kReserve && !tracks_frontiers()) frontiers_ = live_frontiers();  // it was not kept
   policy_ = parsed;
+}
+
+// frontiers_ as the live requests make it (it is not kept while no placement reads it).
+std::unordered_map<int32_t, uint64_t> Engine::live_frontiers() const {
+  std::unordered_map<int32_t, uint64_t> frontiers;
+  for (const auto& [id, request] : requests_) {
+    if (!request.ranges().empty()) frontiers[request.ranges().back().end()] = id;
+  }
+  return frontiers;
 }
 
 void Engine::set_admission(int32_t percent, int32_t pieces) {

@@ -94,11 +94,24 @@ class Engine {
   int64_t prefix_walk(uint64_t ns, const int32_t* tokens, int64_t num_tokens, int64_t max_blocks, int32_t* out);
   void prefix_forget(uint64_t id);
   int64_t prefix_evict(int32_t block, FreeRunBuilder& freed);
-  int64_t prefix_evict_window(int32_t start, int64_t count);
-  int64_t prefix_make_room(const Request& request, int64_t count);
+  // prefix_allocate.cpp: allocation while the index is enabled (it evicts as the index's mode says).
+  void prefix_allocate(uint64_t id, Request& request, int64_t count, int32_t* new_blocks_out);
+  int64_t evict_lru_until_free(int64_t count);
+  int64_t evict_unused(int32_t start, int32_t count);
+  int32_t older_cached_run(int32_t start, int32_t count) const;
+  std::optional<int32_t> place_over_cache(uint64_t id, int32_t count, int64_t want, const FreeList& space) const;
+  std::optional<int32_t> place_in_run(uint64_t id, FreeRange run, int32_t victim, int64_t want,
+                                      bool respect_reservation) const;
   std::unique_ptr<PrefixIndex> prefix_;
+  // With the index: the blocks no request uses (free or cache-only) as coalesced runs, the space a new
+  // range can be placed in by evicting what it covers.
+  std::unique_ptr<FreeList> unused_;
+  // With the index: whether each block was ever taken since the index was enabled, and how many were not
+  // (vLLM hands out never-used blocks before it evicts: while they cover an append, nothing is evicted).
+  std::vector<uint8_t> used_ever_;
+  int64_t never_used_ = 0;
   std::vector<int32_t> attach_scratch_;  // prefix_lookup_attach: the hit blocks
-  std::vector<int32_t> prefix_evicted_;  // prefix_make_room: blocks freed, in order (reserved: never grows)
+  std::vector<int32_t> prefix_evicted_;  // prefix_allocate: blocks freed, in order (reserved: never grows)
 
   // A block evicted by append, remembered so the eviction can be undone when the append then fails.
   struct Eviction {
@@ -119,7 +132,11 @@ class Engine {
   int32_t growth_room(const Request& request, int64_t count) const;
   bool can_allocate(const Request& request, int64_t count) const;
   int64_t runs_from_scratch(int32_t* runs_out) const;
+  // Appends `count` blocks to the request (with the prefix index: prefix_allocate, which may evict); requires
+  // that they fit (can_allocate, or free + cache-only blocks >= count with the index).
   void allocate(uint64_t id, Request& request, int64_t count, int32_t* new_blocks_out);
+  // allocate() from free blocks only: in-place growth, then a new range by hint or policy, then pieces.
+  void allocate_free(uint64_t id, Request& request, int64_t count, int32_t* new_blocks_out);
   // RESERVE placement of a new range of `count` blocks for request `id`, which expects `want` >= count
   // blocks from here; nullopt when no free range has the aligned capacity for `count`.
   std::optional<int32_t> place_reserving(uint64_t id, int32_t count, int64_t want, int* tier = nullptr) const;
@@ -128,6 +145,9 @@ class Engine {
   int64_t reserved_at(int32_t block, uint64_t self) const;
   // Keeps frontiers_ in step with the request's last range; old_end is its end before the change (or -1).
   void update_frontier(uint64_t id, const Request& request, int32_t old_end);
+  // frontiers_ is kept under RESERVE and with the prefix index (both place by reservations).
+  bool tracks_frontiers() const { return policy_ == Policy::kReserve || unused_ != nullptr; }
+  std::unordered_map<int32_t, uint64_t> live_frontiers() const;
   void add_new_range(Request& request, int32_t start, int32_t count, int32_t*& new_blocks_out);
   bool take_blocks(Request& request, int32_t start, int32_t count, int32_t*& new_blocks_out);
   std::vector<Eviction> evict(int64_t count);
@@ -135,7 +155,14 @@ class Engine {
 
   // refs.cpp
   void check_attachable(const Request& request, const int32_t* block_ids, int64_t count) const;
-  void drop_request_ref(int32_t block, FreeRunBuilder& freed);
+  void drop_request_ref(int32_t block, FreeRunBuilder& freed, FreeRunBuilder* unused);
+  // Blocks that stop being unused (no request reference before): out of unused_ (with the index).
+  void take_unused(int32_t start, int32_t count) {
+    if (unused_) unused_->take(start, count);
+  }
+  // The listed blocks that no request uses yet, out of unused_ (one take per ascending run); call before
+  // their request references go up.
+  void take_unused_blocks(const int32_t* blocks, int64_t count);
 
   Geometry geometry_;
   Policy policy_;

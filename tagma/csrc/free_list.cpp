@@ -73,6 +73,14 @@ int32_t FreeList::run_at(int32_t start) const {
   return range == by_start_.end() ? 0 : range->second;
 }
 
+FreeRange FreeList::range_holding(int32_t block) const {
+  auto range = by_start_.upper_bound(block);
+  if (range == by_start_.begin()) return FreeRange{block, 0};
+  --range;
+  if (int64_t{range->first} + range->second <= block) return FreeRange{block, 0};
+  return FreeRange{range->first, range->second};
+}
+
 std::optional<int32_t> FreeList::place(Policy policy, int32_t count) const {
   switch (policy) {
     case Policy::kFirstFit: {
@@ -99,6 +107,12 @@ std::optional<int32_t> FreeList::place_for_growth(int32_t count, int32_t want) c
   const auto best = by_capacity_.lower_bound({want, std::numeric_limits<int32_t>::min()});
   if (best == by_capacity_.end()) return std::nullopt;
   return headroom_start(FreeRange{best->second, by_start_.at(best->second)}, want);
+}
+
+std::optional<int32_t> FreeList::place_in_largest(int32_t count, int32_t want) const {
+  if (want < count) want = count;
+  if (by_capacity_.empty() || by_capacity_.rbegin()->first < want) return std::nullopt;
+  return headroom_start(largest_by_capacity(), want);
 }
 
 FreeRange FreeList::largest_by_capacity() const {

@@ -54,6 +54,8 @@ class FreeList {
 
   // Length of the free range that starts exactly at `start`, or 0.
   int32_t run_at(int32_t start) const;
+  // The free range that holds `block`, or {block, 0} when the block is not free.
+  FreeRange range_holding(int32_t block) const;
   // Start of a new aligned range of `count` blocks (a multiple of align) chosen by the policy among free
   // ranges with capacity >= count, or nullopt when none has it.
   std::optional<int32_t> place(Policy policy, int32_t count) const;
@@ -62,6 +64,10 @@ class FreeList {
   // want), so the request can grow in place to `want` and both neighbours keep room. nullopt when no free
   // range holds `want`.
   std::optional<int32_t> place_for_growth(int32_t count, int32_t want) const;
+  // Start of a new range of `count` blocks for a request that expects `want` >= count blocks from here:
+  // inside the largest free range when its capacity holds `want`, in the middle of its slack (capacity -
+  // want; at its start when it begins the usable space). nullopt when the largest does not hold `want`.
+  std::optional<int32_t> place_in_largest(int32_t count, int32_t want) const;
   // The lowest-addressed free range of largest capacity; requires total_capacity() > 0.
   FreeRange largest_by_capacity() const;
   int32_t capacity(int32_t start, int32_t count) const;

@@ -5,7 +5,9 @@
 namespace tagma {
 
 Lru::Lru(int32_t num_blocks)
-    : prev_(static_cast<size_t>(num_blocks) + 1, kNotListed), next_(static_cast<size_t>(num_blocks) + 1, kNotListed) {
+    : prev_(static_cast<size_t>(num_blocks) + 1, kNotListed),
+      next_(static_cast<size_t>(num_blocks) + 1, kNotListed),
+      stamp_(static_cast<size_t>(num_blocks) + 1, 0) {
   const auto sentinel_id = static_cast<int32_t>(sentinel());
   prev_[sentinel()] = sentinel_id;
   next_[sentinel()] = sentinel_id;
@@ -16,9 +18,16 @@ int32_t Lru::next(int32_t block) const {
   return after == static_cast<int32_t>(sentinel()) ? -1 : after;
 }
 
-void Lru::push_back(int32_t block) { link(block, prev_[sentinel()], static_cast<int32_t>(sentinel())); }
+void Lru::push_back(int32_t block) {
+  link(block, prev_[sentinel()], static_cast<int32_t>(sentinel()));
+  stamp_[static_cast<size_t>(block)] = clock_++;
+}
 
-void Lru::push_front(int32_t block) { link(block, static_cast<int32_t>(sentinel()), next_[sentinel()]); }
+void Lru::push_front(int32_t block) {
+  const int64_t stamp = size_ > 0 ? stamp_[static_cast<size_t>(front())] - 1 : clock_++;
+  link(block, static_cast<int32_t>(sentinel()), next_[sentinel()]);
+  stamp_[static_cast<size_t>(block)] = stamp;
+}
 
 void Lru::link(int32_t block, int32_t before, int32_t after) {
   if (contains(block)) fail(TAGMA_E_INTERNAL, "lru: block ", block, " is already listed");

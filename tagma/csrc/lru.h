@@ -24,6 +24,14 @@ class Lru {
   void push_front(int32_t block);  // becomes the next to evict
   void remove(int32_t block);
 
+  // Whether a listed block entered the list in the older half of the time span of the blocks listed now
+  // (each entry is stamped with a clock; the front's stamp is the oldest, the back's the newest). O(1).
+  bool older_half(int32_t block) const {
+    const int64_t oldest = stamp_[static_cast<size_t>(front())];
+    const int64_t newest = stamp_[static_cast<size_t>(prev_[sentinel()])];
+    return stamp_[static_cast<size_t>(block)] - oldest <= (newest - oldest) / 2;
+  }
+
  private:
   static constexpr int32_t kNotListed = -1;
   size_t sentinel() const { return prev_.size() - 1; }
@@ -32,6 +40,8 @@ class Lru {
   // Index num_blocks is the sentinel of the circular list.
   std::vector<int32_t> prev_;
   std::vector<int32_t> next_;
+  std::vector<int64_t> stamp_;  // per block: the clock when it was listed (push_front: before the front)
+  int64_t clock_ = 0;
   int64_t size_ = 0;
 };
 

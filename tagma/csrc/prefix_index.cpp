@@ -22,8 +22,6 @@ EvictionMode parse_eviction_mode(int32_t mode) {
       return EvictionMode::kLru;
     case TAGMA_EVICT_CONTIGUOUS:
       return EvictionMode::kContiguous;
-    case TAGMA_EVICT_IN_PLACE:
-      return EvictionMode::kInPlace;
     default:
       fail(TAGMA_E_INVALID_ARG, "unknown eviction mode ", mode);
   }
@@ -183,8 +181,31 @@ void Engine::prefix_enable(int64_t block_size, int32_t eviction_mode) {
     if (cache_refs_[b] != 0) fail(TAGMA_E_STATE, "block ", b, " has a cache reference: clear the cache first");
   }
   auto index = std::make_unique<PrefixIndex>(geometry_.num_blocks, static_cast<int32_t>(block_size), mode);
+  // The unused runs: the usable space less the blocks in use now.
+  auto unused = std::make_unique<FreeList>(geometry_.first_usable, geometry_.end_usable, 1);
+  for (int32_t block = geometry_.first_usable; block < geometry_.end_usable;) {
+    if (req_refs_[static_cast<size_t>(block)] == 0) {
+      ++block;
+      continue;
+    }
+    int32_t end = block + 1;
+    while (end < geometry_.end_usable && req_refs_[static_cast<size_t>(end)] != 0) ++end;
+    unused->take(block, end - block);
+    block = end;
+  }
   prefix_evicted_.reserve(static_cast<size_t>(geometry_.num_blocks));
+  // Blocks free now hold nothing: they count as never used.
+  std::vector<uint8_t> used_ever(static_cast<size_t>(geometry_.num_blocks), 1);
+  for (const auto& [start, count] : free_list_.ranges()) {
+    std::fill(used_ever.begin() + start, used_ever.begin() + start + count, 0);
+  }
+  // frontiers_ is kept from now on (placement reads the neighbours' reservations); built before any change.
+  std::unordered_map<int32_t, uint64_t> frontiers = tracks_frontiers() ? frontiers_ : live_frontiers();
   prefix_ = std::move(index);
+  unused_ = std::move(unused);
+  frontiers_.swap(frontiers);
+  used_ever_.swap(used_ever);
+  never_used_ = free_list_.free_blocks();
 }
 
 void Engine::prefix_set_eviction_mode(int32_t eviction_mode) {
@@ -246,6 +267,8 @@ int64_t Engine::prefix_lookup_attach(uint64_t ns, uint64_t id, const int32_t* to
   const int64_t hit = prefix_walk(ns, tokens, num_tokens, max_blocks, attach_scratch_.data());
 
   const int64_t ranges_before = request.num_ranges();
+  const int32_t end_before = request.ranges().empty() ? -1 : request.ranges().back().end();
+  take_unused_blocks(attach_scratch_.data(), hit);
   for (int64_t i = 0; i < hit; ++i) {
     const int32_t block = attach_scratch_[static_cast<size_t>(i)];
     const auto b = static_cast<size_t>(block);
@@ -268,6 +291,7 @@ int64_t Engine::prefix_lookup_attach(uint64_t ns, uint64_t id, const int32_t* to
     run_start = run_end;
   }
   range_counts_.change(ranges_before, request.num_ranges());
+  update_frontier(id, request, end_before);
 
   cursor.ns = ns;
   cursor.indexed = static_cast<int32_t>(hit);
@@ -384,86 +408,5 @@ tagma_prefix_stats Engine::prefix_stats() const {
 }
 
 void Engine::prefix_forget(uint64_t id) { prefix_->cursors.erase(id); }
-
-// Evicts indexed block `block` with its subtree: cache-only nodes become free (into `freed`), nodes in use
-// only lose their cache reference. Returns the number of blocks freed.
-int64_t Engine::prefix_evict(int32_t block, FreeRunBuilder& freed) {
-  PrefixIndex& index = *prefix_;
-  int64_t freed_blocks = 0;
-  index.remove_subtree(block, [&](int32_t node) {
-    const auto b = static_cast<size_t>(node);
-    cache_refs_[b] = 0;
-    if (node != block) ++index.counters.subtree_blocks;
-    if (req_refs_[b] == 0) {
-      lru_.remove(node);
-      freed.add(node);
-      prefix_evicted_.push_back(node);
-      ++freed_blocks;
-    }
-  });
-  index.counters.evicted_blocks += freed_blocks;
-  return freed_blocks;
-}
-
-// Cache-only blocks in [start, start + count) stop at the first block in use; evicts those. Returns blocks freed.
-int64_t Engine::prefix_evict_window(int32_t start, int64_t count) {
-  FreeRunBuilder freed(free_list_);
-  int64_t evicted = 0;
-  const int64_t end = std::min<int64_t>(int64_t{start} + count, geometry_.end_usable);
-  for (int64_t b = start; b < end && req_refs_[static_cast<size_t>(b)] == 0; ++b) {
-    if (lru_.contains(static_cast<int32_t>(b))) evicted += prefix_evict(static_cast<int32_t>(b), freed);
-  }
-  freed.flush();
-  return evicted;
-}
-
-// Frees blocks for an append of `count` to `request` by the eviction mode (free + cache-only >= count is
-// checked by the caller). Returns the number of blocks evicted.
-int64_t Engine::prefix_make_room(const Request& request, int64_t count) {
-  PrefixIndex& index = *prefix_;
-  prefix_evicted_.clear();
-  int64_t evicted = 0;
-  const bool grows = !request.ranges().empty();
-  const EvictionMode mode = index.mode();
-  if (mode != EvictionMode::kLru && grows &&
-      (mode == EvictionMode::kInPlace || free_list_.free_blocks() < count)) {
-    const int32_t end = request.ranges().back().end();
-    const int64_t in_place = prefix_evict_window(end, count);
-    index.counters.in_place_evictions += in_place;
-    evicted += in_place;
-  }
-  if (mode == EvictionMode::kLru) {
-    const int64_t need = count - free_list_.free_blocks();
-    FreeRunBuilder freed(free_list_);
-    int64_t done = 0;
-    while (done < need) done += prefix_evict(lru_.front(), freed);
-    freed.flush();
-    return evicted + done;
-  }
-  // A new range is needed for what cannot grow in place: while free blocks are short, or while no free range
-  // holds what the request wants (the new part, or the growth hint of append_runs, so that it then grows in
-  // place), evict a window of blocks not in use around the LRU victim, as long as it wants. Windows beyond
-  // the blocks needed are bounded (kExtraWindows), so a hint never empties the cache.
-  constexpr int kExtraWindows = 4;
-  int extra = 0;
-  while (lru_.size() > 0) {
-    const int32_t grown = growth_room(request, count);
-    if (grown == count && free_list_.free_blocks() >= count) break;
-    const int64_t want =
-        std::max<int64_t>(count - grown, std::min<int64_t>(growth_hint_ - grown, geometry_.num_blocks));
-    if (free_list_.free_blocks() >= count) {
-      if (free_list_.largest_range() >= want || extra == kExtraWindows) break;
-      ++extra;
-    }
-    const int32_t victim = lru_.front();
-    int32_t lo = victim;
-    int32_t hi = victim + 1;
-    while (hi < geometry_.end_usable && hi - lo < want && req_refs_[static_cast<size_t>(hi)] == 0) ++hi;
-    while (lo > geometry_.first_usable && hi - lo < want && req_refs_[static_cast<size_t>(lo - 1)] == 0) --lo;
-    evicted += prefix_evict_window(lo, hi - lo);
-    ++index.counters.window_evictions;
-  }
-  return evicted;
-}
 
 }  // namespace tagma

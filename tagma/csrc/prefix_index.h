@@ -23,7 +23,6 @@ namespace tagma {
 enum class EvictionMode : int32_t {
   kLru = TAGMA_EVICT_LRU,
   kContiguous = TAGMA_EVICT_CONTIGUOUS,
-  kInPlace = TAGMA_EVICT_IN_PLACE,
 };
 
 // Throws TAGMA_E_INVALID_ARG for an unknown mode.

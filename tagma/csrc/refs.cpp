@@ -1,6 +1,7 @@
 // Reference counting: attach and release of request references, and cache references.
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "engine.h"
@@ -22,6 +23,7 @@ void Engine::attach(uint64_t id, const int32_t* block_ids, int64_t count) {
 
   const int64_t ranges_before = request.num_ranges();
   const int32_t end_before = request.ranges().empty() ? -1 : request.ranges().back().end();
+  take_unused_blocks(block_ids, count);
   for (int64_t i = 0; i < count; ++i) {
     const auto block = static_cast<size_t>(block_ids[i]);
     if (req_refs_[block] == 0) {  // cache-only: it is in use from now on
@@ -67,29 +69,53 @@ void Engine::release_request(uint64_t id) {
   const Request& request = find_request(id);
   if (prefix_) prefix_forget(id);  // the request's place in the prefix index
   FreeRunBuilder freed(free_list_);
+  std::optional<FreeRunBuilder> unused;
+  if (unused_) unused.emplace(*unused_);
+  FreeRunBuilder* const unused_blocks = unused ? &*unused : nullptr;
   const std::vector<Range>& ranges = request.ranges();
   for (auto range = ranges.rbegin(); range != ranges.rend(); ++range) {
-    for (int32_t block = range->end() - 1; block >= range->start; --block) drop_request_ref(block, freed);
+    for (int32_t block = range->end() - 1; block >= range->start; --block) drop_request_ref(block, freed, unused_blocks);
   }
   freed.flush();
+  if (unused) unused->flush();
   range_counts_.remove(request.num_ranges());
-  if (policy_ == Policy::kReserve && !ranges.empty()) {
+  if (tracks_frontiers() && !ranges.empty()) {
     const auto frontier = frontiers_.find(ranges.back().end());
     if (frontier != frontiers_.end() && frontier->second == id) frontiers_.erase(frontier);
   }
   requests_.erase(id);
 }
 
-// A block left without request references goes to the LRU tail when cached, else to the free list.
-void Engine::drop_request_ref(int32_t block, FreeRunBuilder& freed) {
+// A block left without request references goes to the LRU tail when cached, else to the free list (and,
+// with the prefix index, to the unused runs either way).
+void Engine::drop_request_ref(int32_t block, FreeRunBuilder& freed, FreeRunBuilder* unused) {
   const auto index = static_cast<size_t>(block);
   if (--req_refs_[index] > 0) return;
   --used_blocks_;
+  if (unused != nullptr) unused->add(block);
   if (cache_refs_[index] > 0) {
     lru_.push_back(block);
   } else {
     freed.add(block);
   }
+}
+
+void Engine::take_unused_blocks(const int32_t* blocks, int64_t count) {
+  if (!unused_) return;
+  int32_t start = 0;
+  int32_t length = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const int32_t block = blocks[i];
+    if (req_refs_[static_cast<size_t>(block)] != 0) continue;
+    if (length > 0 && block == start + length) {
+      ++length;
+      continue;
+    }
+    if (length > 0) unused_->take(start, length);
+    start = block;
+    length = 1;
+  }
+  if (length > 0) unused_->take(start, length);
 }
 
 void Engine::cache_mark(const int32_t* block_ids, int64_t count) {

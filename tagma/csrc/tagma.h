@@ -176,7 +176,8 @@ tagma_status tagma_ranges_histogram(tagma_engine_handle h, int64_t *out, int64_t
  * ids, in logical order: runs_out receives (start, count) int32 pairs, *num_runs their number (<= count).
  * capacity (pairs) must be >= count so that any placement fits; checked before anything changes. Fails
  * with TAGMA_E_STATE, changing nothing, when the append would have to evict cache-only blocks (use
- * tagma_request_append, which reports them). One call per growth of a request, whatever its size.
+ * tagma_request_append, which reports them), unless the prefix index is enabled (it evicts by its mode).
+ * One call per growth of a request, whatever its size.
  * hint (>= 0; 0 = none): blocks the request expects to append from this call on, this one included. When
  * the last range cannot grow in place and hint exceeds what remains to place, the new range goes into the
  * smallest free range that can hold the whole hint (in the middle of its slack) so that later appends grow
@@ -195,7 +196,8 @@ tagma_status tagma_request_append_runs(tagma_engine_handle h, uint64_t request, 
  * All-or-nothing: every entry is validated before anything changes (h, requests that exist, counts > 0 and
  * multiples of align, hints >= 0, runs_capacity >= the sum of counts, the sum within the free blocks);
  * like tagma_request_append_runs the batch never evicts: when the sum exceeds the free blocks it fails with
- * TAGMA_E_STATE if cache-only blocks exist, else TAGMA_E_NO_SPACE. On error nothing changed (no request
+ * TAGMA_E_STATE if cache-only blocks exist, else TAGMA_E_NO_SPACE. With the prefix index enabled it evicts
+ * as the index's mode says (the sum must be within the free + cache-only blocks, else TAGMA_E_NO_SPACE). On error nothing changed (no request
  * created, requests[] untouched) and tagma_last_error() names the entry. num_requests == 0 only writes
  * run_offsets[0] = 0. Under RESERVE admission (tagma_engine_set_admission), a hinted entry for a request that
  * holds no block yet is refused with TAGMA_E_STATE: its admission check may decline it, so it goes through
@@ -283,17 +285,20 @@ tagma_status tagma_coord_offset(const tagma_coord_layout *layout, int64_t layer,
  * reference: tagma_cache_mark, tagma_cache_unmark and tagma_cache_evict fail with TAGMA_E_STATE, and
  * tagma_cache_clear clears the index (as tagma_prefix_clear).
  *
- * Evictions happen inside appends (tagma_request_append, tagma_request_append_runs, which may then evict:
- * the index knows which blocks it loses), as the eviction mode says:
- *   TAGMA_EVICT_LRU         exactly vLLM's order: LRU victims, one block at a time, until enough are free;
- *   TAGMA_EVICT_CONTIGUOUS  when blocks must be evicted: first the cache-only blocks right after the growing
- *                           request's last range (so it grows in place); then, while free blocks are short or
- *                           (at most 4 more times) no free range holds what the new range wants (its blocks,
- *                           or tagma_request_append_runs's hint: room to grow in place), a contiguous window
- *                           of non-in-use blocks around the LRU victim, as long as it wants (a run rather than
- *                           scattered blocks);
- *   TAGMA_EVICT_IN_PLACE    CONTIGUOUS, and a growing request also evicts the cache-only blocks right after
- *                           its last range when free blocks exist elsewhere (fewer ranges, lower hit rate).
+ * Evictions happen inside appends (tagma_request_append, tagma_request_append_runs and
+ * tagma_append_runs_batch, which may all evict then: the index knows which blocks it loses), as the
+ * eviction mode says:
+ *   TAGMA_EVICT_LRU         exactly vLLM's order: LRU victims, with their subtrees, until enough blocks are
+ *                           free; then the blocks are placed as without the index;
+ *   TAGMA_EVICT_CONTIGUOUS  cache-only blocks are placeable space. The request's last range grows in place
+ *                           over the blocks right after it that no request uses (the cached ones among them
+ *                           are evicted); the rest becomes a new range in space no request uses, evicting
+ *                           only the cached blocks it covers, placed in order: the smallest free range that
+ *                           holds the growth hint; the smallest run of free or cache-only blocks that holds
+ *                           it; without a hint, a free range by the engine's policy; the largest such run
+ *                           (pieces, largest first, when none holds the rest). A new range sits in the
+ *                           middle of its slack, so it and its left neighbour grow in place over the cached
+ *                           blocks around them; cached blocks are evicted only when a request takes them.
  * With the index, tagma_request_append may evict more than `count` blocks (subtrees, windows): evicted_out
  * receives the first `count` evicted ids and *num_evicted the number of blocks evicted.
  *
@@ -305,7 +310,6 @@ tagma_status tagma_coord_offset(const tagma_coord_layout *layout, int64_t layer,
  * Tokens are int32 ids; a block's tokens are compared exactly. */
 #define TAGMA_EVICT_LRU 0
 #define TAGMA_EVICT_CONTIGUOUS 1
-#define TAGMA_EVICT_IN_PLACE 2
 
 typedef struct tagma_prefix_stats {
     int64_t block_size;
@@ -321,7 +325,7 @@ typedef struct tagma_prefix_stats {
     int64_t evicted_blocks;     /* indexed blocks freed by eviction (subtrees included) */
     int64_t subtree_blocks;     /* nodes removed because an ancestor was evicted (freed or still in use) */
     int64_t in_place_evictions; /* blocks evicted right after a growing request's last range */
-    int64_t window_evictions;   /* contiguous windows evicted around an LRU victim */
+    int64_t window_evictions;   /* new ranges placed over cache-only blocks (their windows evicted) */
     int64_t clears;
 } tagma_prefix_stats;
 

@@ -60,6 +60,12 @@ void enable(const TestEngine& engine, int64_t bs, int32_t mode = TAGMA_EVICT_LRU
   require_ok(tagma_prefix_enable(engine.handle(), bs, mode), "tagma_prefix_enable");
 }
 
+// The tests below lay blocks out under LRU mode (the engine's first-fit policy places them), then switch:
+// CONTIGUOUS places new ranges by its own rules (reservations, headroom).
+void set_mode(const TestEngine& engine, int32_t mode) {
+  require_ok(tagma_prefix_set_eviction_mode(engine.handle(), mode), "tagma_prefix_set_eviction_mode");
+}
+
 // A request that computes `tokens` from scratch (a lookup that may hit, new blocks for the rest) and indexes
 // its full blocks; returns the request.
 uint64_t compute(TestEngine& engine, uint64_t ns, const Tokens& tokens, int64_t bs) {
@@ -274,13 +280,14 @@ TEST(prefix_subtree_eviction_uncaches_descendants_still_in_use) {
 TEST(prefix_contiguous_mode_grows_in_place_over_cache_only_neighbours) {
   for (const int32_t mode : {TAGMA_EVICT_LRU, TAGMA_EVICT_CONTIGUOUS}) {
     TestEngine engine(11);  // usable 1..10
-    enable(engine, 1, mode);
+    enable(engine, 1, TAGMA_EVICT_LRU);
     const uint64_t old = compute(engine, 0, {1, 2, 3, 4, 5}, 1);  // blocks 1..5
     const uint64_t r = engine.new_request();
     engine.append(r, 2);  // blocks 6 7
     const uint64_t next = compute(engine, 0, {9, 9, 9}, 1);  // blocks 8 9 10
     engine.release(next);  // LRU: 10 9 8
     engine.release(old);   // LRU: 10 9 8 5 4 3 2 1
+    set_mode(engine, mode);
     const std::vector<int32_t> got = engine.append(r, 2);
     if (mode == TAGMA_EVICT_LRU) {
       CHECK_EQ(got, (std::vector<int32_t>{9, 10}));  // the LRU victims: a new range
@@ -296,7 +303,7 @@ TEST(prefix_contiguous_mode_grows_in_place_over_cache_only_neighbours) {
 
 TEST(prefix_contiguous_mode_evicts_a_window_for_a_new_range) {
   TestEngine engine(13);  // usable 1..12
-  enable(engine, 1, TAGMA_EVICT_CONTIGUOUS);
+  enable(engine, 1, TAGMA_EVICT_LRU);
   // Alternate cached requests and in-use blocks: 1-3 cached (a), 4 in use, 5-8 cached (b), 9 in use, 10-12 cached (c)
   const uint64_t a = compute(engine, 0, {1, 1, 1}, 1);
   const uint64_t pin1 = engine.new_request();
@@ -308,6 +315,7 @@ TEST(prefix_contiguous_mode_evicts_a_window_for_a_new_range) {
   engine.release(a);  // LRU: 3 2 1 ...
   engine.release(b);
   engine.release(c);
+  set_mode(engine, TAGMA_EVICT_CONTIGUOUS);
   const uint64_t r = engine.new_request();
   const std::vector<int32_t> got = engine.append(r, 3);
   CHECK_EQ(engine.ranges(r).size(), 1u);
@@ -317,18 +325,111 @@ TEST(prefix_contiguous_mode_evicts_a_window_for_a_new_range) {
   check_prefix_invariants(engine);
 }
 
-TEST(prefix_in_place_mode_grows_in_place_even_with_free_blocks_elsewhere) {
-  for (const int32_t mode : {TAGMA_EVICT_CONTIGUOUS, TAGMA_EVICT_IN_PLACE}) {
+// CONTIGUOUS evicts for contiguity only once the pool has cycled: while never-used blocks cover an append
+// (vLLM would hand those out first), a growing request goes to free blocks and the cached neighbour after
+// it stays cached; once every block has been used, it grows in place over that neighbour.
+TEST(prefix_contiguous_mode_evicts_for_contiguity_only_once_never_used_blocks_run_short) {
+  for (const bool cycled : {false, true}) {
     TestEngine engine(12);  // usable 1..11
-    enable(engine, 1, mode);
+    enable(engine, 1, TAGMA_EVICT_LRU);
     const uint64_t r = engine.new_request();
     engine.append(r, 2);  // 1 2
     const uint64_t c = compute(engine, 0, {4, 4}, 1);  // 3 4
+    const uint64_t d = compute(engine, 0, {6, 6}, 1);  // 5 6
     engine.release(c);
+    engine.release(d);  // LRU: 4 3 6 5
+    if (cycled) {
+      const uint64_t filler = engine.new_request();
+      engine.append(filler, 5);  // 7..11, released uncached: free, but used
+      engine.release(filler);
+    }
+    set_mode(engine, TAGMA_EVICT_CONTIGUOUS);
     const std::vector<int32_t> got = engine.append(r, 1);
-    CHECK_EQ(got[0], mode == TAGMA_EVICT_IN_PLACE ? 3 : 5);
+    if (cycled) {
+      CHECK_EQ(got[0], 3);  // in place
+      CHECK_EQ(engine.stats().evictions, 2);  // 3 and its child 4
+      CHECK_EQ(engine.ranges(r).size(), 1u);
+    } else {
+      CHECK_EQ(got[0], 9);  // the middle of the free range 7..11
+      CHECK_EQ(engine.stats().evictions, 0);
+      CHECK_EQ(lookup(engine, 0, {4, 4}).size(), 2u);
+    }
     check_prefix_invariants(engine);
   }
+}
+
+// Evicting a cached block evicts its subtree: a neighbour cached recently (in the LRU's newer half, e.g. a
+// preempted request that will come back) is not cut at its head for in-place growth; the growth takes a
+// new range over the oldest cached chain's end instead.
+TEST(prefix_contiguous_mode_keeps_a_recently_cached_neighbour) {
+  TestEngine engine(9);  // usable 1..8
+  enable(engine, 1, TAGMA_EVICT_LRU);
+  const uint64_t r = engine.new_request();
+  engine.append(r, 2);  // 1 2
+  const uint64_t recent = compute(engine, 0, {4, 4, 4}, 1);  // 3 4 5
+  const uint64_t old = compute(engine, 0, {7, 7, 7}, 1);     // 6 7 8
+  engine.release(old);     // LRU: 8 7 6
+  engine.release(recent);  // then 5 4 3
+  set_mode(engine, TAGMA_EVICT_CONTIGUOUS);
+  const std::vector<int32_t> got = engine.append(r, 1);
+  CHECK_EQ(got[0], 8);  // the oldest victim, the end of `old`
+  CHECK_EQ(lookup(engine, 0, {4, 4, 4}).size(), 3u);
+  CHECK_EQ(lookup(engine, 0, {7, 7, 7}).size(), 2u);
+  check_prefix_invariants(engine);
+}
+
+// A pool full of cached blocks with no free block: a hinted new range goes where its hint fits, ending at
+// the LRU victim (the tail of a cached chain), and then grows in place to the hint with no new range.
+TEST(prefix_contiguous_mode_places_a_hinted_range_over_cached_blocks_and_grows_in_place) {
+  TestEngine engine(21);  // usable 1..20
+  enable(engine, 1, TAGMA_EVICT_LRU);
+  const uint64_t pin = engine.new_request();
+  engine.append(pin, 2);  // 1 2
+  const uint64_t a = compute(engine, 0, {1, 1, 1, 1, 1, 1, 1, 1}, 1);  // 3..10
+  const uint64_t b = compute(engine, 0, {2, 2, 2, 2, 2, 2, 2, 2, 2, 2}, 1);  // 11..20
+  engine.release(b);  // LRU: 20 .. 11
+  engine.release(a);  // then 10 .. 3
+  CHECK_EQ(engine.stats().free_blocks, 0);
+  set_mode(engine, TAGMA_EVICT_CONTIGUOUS);
+  const uint64_t r = engine.new_request();
+  int32_t runs[16] = {};
+  int64_t num_runs = 0;
+  require_ok(tagma_request_append_runs(engine.handle(), r, 2, 6, runs, 8, &num_runs), "append_runs");
+  CHECK_EQ(num_runs, 1);
+  // The victim is 20, the end of b's chain; its unused run 3..20 holds the hint: the latest start that
+  // leaves 6 blocks of room, 15. Evicting 15 evicts its subtree 15..20: b's prefix 11..14 stays cached.
+  CHECK_EQ(runs[0], 15);
+  CHECK_EQ(runs[1], 2);
+  CHECK_EQ(lookup(engine, 0, {1, 1, 1, 1, 1, 1, 1, 1}).size(), 8u);  // a untouched
+  CHECK_EQ(lookup(engine, 0, {2, 2, 2, 2, 2, 2, 2, 2, 2, 2}).size(), 4u);
+  for (int i = 0; i < 4; ++i) engine.append(r, 1);
+  CHECK_EQ(engine.ranges(r).size(), 1u);
+  CHECK_EQ(engine.ranges(r)[0].start, 15);
+  CHECK_EQ(engine.ranges(r)[0].count, 6);
+  check_prefix_invariants(engine);
+}
+
+// Released and attached blocks keep the engine's unused runs in step: a new range never lands on a block
+// in use, whatever mix of attach, release and eviction came before.
+TEST(prefix_contiguous_mode_never_places_over_blocks_in_use) {
+  TestEngine engine(17);  // usable 1..16
+  enable(engine, 1, TAGMA_EVICT_LRU);
+  const uint64_t a = compute(engine, 0, {1, 2, 3, 4, 5, 6, 7, 8}, 1);  // 1..8
+  const uint64_t b = compute(engine, 0, {9, 9, 9, 9, 9, 9, 9, 9}, 1);  // 9..16
+  engine.release(a);
+  engine.release(b);
+  const uint64_t hit = engine.new_request();
+  CHECK_EQ(lookup_attach(engine, 0, hit, {1, 2, 3, 4, 5, 6, 7, 8}, 4), 4);  // 1..4 in use again
+  set_mode(engine, TAGMA_EVICT_CONTIGUOUS);
+  const uint64_t r = engine.new_request();
+  const std::vector<int32_t> got = engine.append(r, 12);  // every block not in use
+  for (const int32_t block : got) CHECK(block > 4);
+  CHECK_EQ(engine.stats().free_blocks + engine.stats().cached_only_blocks, 0);
+  engine.release(hit);  // 1..4 cached again, so placeable
+  const uint64_t s = engine.new_request();
+  const std::vector<int32_t> more = engine.append(s, 4);
+  CHECK_EQ(more, (std::vector<int32_t>{1, 2, 3, 4}));
+  check_prefix_invariants(engine);
 }
 
 TEST(prefix_clear_drops_every_cache_reference_and_live_requests_stop_indexing) {
@@ -412,7 +513,7 @@ TEST(prefix_append_runs_may_evict_with_the_index) {
 }
 
 TEST(prefix_random_operations_keep_the_invariants) {
-  for (const int32_t mode : {TAGMA_EVICT_LRU, TAGMA_EVICT_CONTIGUOUS, TAGMA_EVICT_IN_PLACE}) {
+  for (const int32_t mode : {TAGMA_EVICT_LRU, TAGMA_EVICT_CONTIGUOUS}) {
     std::mt19937 rng(1234 + static_cast<unsigned>(mode));
     TestEngine engine(97);
     const int64_t bs = 2;
