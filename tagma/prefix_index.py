@@ -69,12 +69,11 @@ _lock = threading.Lock()
 class EvictionMode(enum.IntEnum):
     """Which cache-only blocks an append evicts (tagma.h, ``TAGMA_EVICT_*``)."""
 
-    #: exactly vLLM's order, one block at a time
+    #: exactly vLLM's order: LRU victims (with their subtrees) until enough blocks are free
     LRU = 0
-    #: in-place growth over cache-only neighbours, then contiguous windows around the LRU victim
+    #: cache-only blocks are placeable space: growth in place over the blocks after a request, new ranges
+    #: where their growth hint fits (anchored at an LRU victim), evicting only the cached blocks taken
     CONTIGUOUS = 1
-    #: CONTIGUOUS, and growth evicts its cache-only neighbours even when free blocks exist elsewhere
-    IN_PLACE = 2
 
     @classmethod
     def parse(cls, value: str | int) -> EvictionMode:

@@ -19,8 +19,11 @@ def _index(num_blocks: int = 256, mode: EvictionMode | str = EvictionMode.LRU) -
     return PrefixIndex(RangeEngine(num_blocks), BS, mode)
 
 
-def _compute(index: PrefixIndex, ns: int, tokens: list[int], bs: int = BS) -> tuple[int, int]:
-    """Admit a request as a scheduler would (hit at most len - 1 tokens), give it blocks, index it.
+def _compute(
+    index: PrefixIndex, ns: int, tokens: list[int], bs: int = BS, grows: int = 0
+) -> tuple[int, int]:
+    """Admit a request as a scheduler would (hit at most len - 1 tokens), give it blocks, index it; with
+    ``grows``, the blocks it will append later are its growth hint (as the prefix manager passes them).
 
     Returns (request, hit blocks)."""
     eng = index.engine
@@ -28,7 +31,7 @@ def _compute(index: PrefixIndex, ns: int, tokens: list[int], bs: int = BS) -> tu
     hit = index.lookup_attach(ns, req, tokens, (len(tokens) - 1) // bs)
     need = -(-len(tokens) // bs) - hit
     if need:
-        eng.append_runs(req, need)
+        eng.append_runs(req, need, hint=need + grows if grows else 0)
     index.insert(ns, req, tokens)
     return req, hit
 
@@ -197,7 +200,7 @@ def _warm_pool_decode_ranges(mode: EvictionMode) -> tuple[list[int], float]:
         req, _ = _compute(index, 0, tokens)
         eng.release(req)
     outputs = [int(x) for x in rng.integers(20, 90, size=8)]
-    live = [_compute(index, 0, [5000 + i] * (4 * BS))[0] for i in range(8)]
+    live = [_compute(index, 0, [5000 + i] * (4 * BS), grows=out)[0] for i, out in enumerate(outputs)]
     for step in range(max(outputs)):
         for req, output in zip(live, outputs, strict=True):
             if step < output:
@@ -268,7 +271,7 @@ def test_bench_section_rows_at_a_tiny_size(tmp_path) -> None:  # type: ignore[no
     }
     result = section.run(cfg)
     modes = result["eviction_modes"]["pools"][0]["modes"]
-    assert [m["mode"] for m in modes] == ["lru", "contiguous", "in_place"]
+    assert [m["mode"] for m in modes] == ["lru", "contiguous"]
     for m in modes:
         assert m["requests"] + m["rejected"] == result["eviction_modes"]["records"]
         assert 0 < m["hit_rate"] < 1  # turns share their conversation's blocks

@@ -229,7 +229,6 @@ def test_caching_on_builds_the_prefix_manager_unless_switched_off(monkeypatch: p
     assert type(old) is TagmaKVCacheManager and getattr(old, "uses_block_hashes", True)
 
 
-# in_place evicts cached blocks after a growing request even when free blocks exist: fewer hits by design.
 @pytest.mark.parametrize("eviction", ["lru", "contiguous"])
 @pytest.mark.parametrize("seed,chunk", [(0, None), (1, 5), (2, None), (3, 3)])
 def test_hits_and_outcomes_equal_vllm_without_eviction_pressure(
@@ -240,7 +239,7 @@ def test_hits_and_outcomes_equal_vllm_without_eviction_pressure(
     assert sum(p for p, _ in twin.hits) > 0, "the workload had no prefix hit to compare"
 
 
-@pytest.mark.parametrize("eviction", ["lru", "contiguous", "in_place"])
+@pytest.mark.parametrize("eviction", ["lru", "contiguous"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_preemption_and_resume_under_pressure_keep_the_invariants(eviction: str, seed: int) -> None:
     twin = Twin(num_blocks=40, eviction=eviction)
@@ -388,7 +387,7 @@ def test_decode_steps_without_a_new_full_block_make_no_engine_call() -> None:
             return (lambda *a, **k: calls.append(name) or attr(*a, **k)) if callable(attr) else attr
 
     manager.index = Spy(manager.index)  # type: ignore[assignment]
-    for name in ("_f_stats", "_f_release", "_f_create", "_f_append_one"):
+    for name in ("_f_stats", "_f_release", "_f_create"):
         fn = getattr(manager, name)
         setattr(manager, name, lambda *a, _fn=fn, _n=name: calls.append(_n) or _fn(*a))
     for tok in range(BLOCK - 2):  # fills the third block up to its last slot

@@ -155,3 +155,18 @@ def test_reserve_placement_is_refused_with_prefix_caching_on() -> None:
         TagmaKVCacheManager(
             make_config(41), placement_policy="reserve", **manager_kwargs(enable_caching=True)
         )
+
+
+@pytest.mark.parametrize("policy", ["first_fit", "best_fit"])
+def test_contiguous_eviction_refuses_other_placement_policies_and_lru_takes_them(policy: str) -> None:
+    from tagma.core.manager import TagmaKVCacheManager
+    from tagma.errors import TagmaUnsupported
+    from tests.test_manager import make_config, manager_kwargs
+
+    refusal = f"TAGMA_PLACEMENT={policy} with TAGMA_PREFIX_EVICTION=contiguous"
+    with pytest.raises(TagmaUnsupported, match=refusal):
+        TagmaKVCacheManager(make_config(41), placement_policy=policy, **manager_kwargs(enable_caching=True))
+    manager = TagmaKVCacheManager(
+        make_config(41), placement_policy=policy, prefix_eviction="lru", **manager_kwargs(enable_caching=True)
+    )
+    assert manager.prefix_eviction == "lru" and manager.policy.name.lower() == policy

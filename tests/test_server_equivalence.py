@@ -18,9 +18,8 @@ The generated token ids (``return_token_ids``) must be identical per prompt. The
 (``TAGMA_TELEMETRY_FILE``) must show the ranges it used, in-place growth and few ranges per request while
 many requests decode (cold pool; warm pool with prefix caching off, on a third server, which tagma serves
 with its range-native manager and whose tokens must match paged's, burst included), and no leak once
-the queue drained (probe requests force fresh lines with nothing live). On a warm pool WITH prefix
-caching, tagma's prefix index evicts contiguity-aware, which halves the new ranges but does not yet keep
-growth in place there: a strict xfail records the measured numbers. The tagma server's requests carry no
+the queue drained (probe requests force fresh lines with nothing live), and, on the warm pool WITH prefix
+caching, the same in-place growth from tagma's contiguity-aware eviction. The tagma server's requests carry no
 vLLM block hashes. A summary of both runs goes to ``summary.json`` next to the
 server logs.
 """
@@ -426,18 +425,10 @@ def test_concurrent_decode_grows_in_place_on_a_warm_pool_without_prefix_cache(
     _assert_decode_grows_in_place(tagma_without_prefix_cache, "warm")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="measured limit, not a bug: tagma's prefix index evicts contiguity-aware by default (the "
-    "cache-only blocks after a growing request's last range first, then windows around the LRU victim), "
-    "but only when free blocks run out; the warm phase starts with ~37 free blocks among 282 cache-only "
-    "ones, so early growth takes free blocks elsewhere (measured: 50 in-place growths vs 116 new ranges, "
-    "p99 7 ranges per request; TAGMA_PREFIX_EVICTION=in_place: 69 vs 88, p99 6; exact LRU before it: ~4 "
-    "vs ~160, p99 8-9)",
-)
 def test_concurrent_decode_grows_in_place_on_a_warm_prefix_cached_pool(runs: dict[str, Run]) -> None:
-    """With prefix caching on, tagma's prefix index evicts contiguity-aware by default: the cache-only
-    blocks right after a growing request's last range first, then windows around the LRU victim."""
+    """With prefix caching on and the pool cycled, tagma's default eviction treats cached blocks as space:
+    a request's growth hint (prompt + max_tokens) places its range where the hint fits (over the chain end
+    LRU evicts next), and it grows in place over the cached blocks after it."""
     _assert_decode_grows_in_place(runs["tagma"], "warm")
 
 

@@ -14,8 +14,9 @@ vLLM's meaning is kept where the scheduler can see it:
   view over the hit block ids (:class:`HitBlocks`) and changes no block state;
 * ``allocate_slots``: vLLM's admission arithmetic (cache-only hits count against the free blocks, as
   vLLM's evictable hits do), then the hit is attached (one engine call that walks the index again), new
-  blocks appended (the engine evicts cache-only blocks when free ones are short, as its eviction mode
-  says) and the full blocks up to ``min(computed + new, num_tokens)`` tokens indexed, prompt and output
+  blocks appended with their growth hint (prompt + max_tokens; the engine evicts cached blocks as its
+  eviction mode says: by default it places over cached space so the request grows in place) and the full
+  blocks up to ``min(computed + new, num_tokens)`` tokens indexed, prompt and output
   alike, as vLLM caches them;
 * ``free``: the request's blocks not used by another request become cache-only (evictable, LRU);
 * ``reset_prefix_cache``: fails (False) while any block is in use, as vLLM's;
@@ -28,7 +29,6 @@ and are refused (before the model loads in :mod:`tagma.fail_closed`, here as a b
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import logging
 import os
@@ -42,8 +42,8 @@ from vllm.v1.request import Request, RequestStatus
 
 from tagma.contract import ENV_PREFIX_EVICTION
 from tagma.core.manager import _SIGNATURE
-from tagma.core.range_manager import RangeBlocks, RangeKVCacheManager, ids_from_runs
-from tagma.engine import _raise
+from tagma.core.range_manager import RangeBlocks, RangeKVCacheManager
+from tagma.engine import AppendBatch, Policy, _raise
 from tagma.errors import TagmaUnsupported
 from tagma.prefix_index import EvictionMode, PrefixIndex
 
@@ -161,13 +161,20 @@ class PrefixKVCacheManager(RangeKVCacheManager):
                 os.environ.get(ENV_PREFIX_EVICTION) or DEFAULT_EVICTION
             )
         )
+        if mode == EvictionMode.CONTIGUOUS and self.policy != Policy.HEADROOM:
+            raise TagmaUnsupported(
+                f"TAGMA_PLACEMENT={self.policy.name.lower()} with TAGMA_PREFIX_EVICTION=contiguous (its "
+                "placement is its own: headroom with the neighbours' growth hints); use headroom or lru"
+            )
         self.index = PrefixIndex(self.engine, self.block_size, mode)
         self.prefix_eviction = mode.name.lower()
+        # Contiguity-aware eviction: every append carries its growth hint (the blocks prompt + max_tokens
+        # still need), and the engine places a new range where the hint fits, over cached blocks if need be,
+        # so the request then grows in place. LRU keeps the range manager's placement (no hints). The
+        # batched call evicts as the index's mode says.
+        self._hinted = mode != EvictionMode.LRU
+        self._batch = AppendBatch(self.engine, capacity=256, hints=self._hinted)
         self._f_stats = self.engine._f_stats
-        self._f_append_one = self.engine._f_append_runs
-        self._one_runs_cap = max(self.block_pool.num_gpu_blocks, 1)
-        self._one_runs = (ctypes.c_int32 * (2 * self._one_runs_cap))()
-        self._one_runs_p = ctypes.addressof(self._one_runs)
         self._stats = self.engine._stats
         self._stats_p = self.engine._stats_p
         self._max_hit = max(self.block_pool.num_gpu_blocks - 1, 0)
@@ -176,8 +183,6 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         self._default_ns = self.index.namespace((None, None, None))
         self._ns: dict[str, int] = {}  # request id -> namespace of its blocks
         self._indexed: dict[str, int] = {}  # request id -> full blocks asked to be indexed (_LOST: none)
-        self._i64b = ctypes.c_int64(0)
-        self._i64b_p = ctypes.addressof(self._i64b)
         self._hashed_warned = False
         # inserts waiting for the queued appends: request id -> (request, full blocks to index)
         self._p_insert: dict[str, tuple[Request, int]] = {}
@@ -334,8 +339,12 @@ class PrefixKVCacheManager(RangeKVCacheManager):
                 self._queue(rid, eng, external, None, zero)
                 need -= external
         if need > 0:
+            hint = 0
+            if self._hinted:
+                total = request.num_prompt_tokens + (request.max_tokens or 0)
+                hint = -(-(total if total < max_len else max_len) // bs) - self._held.get(rid, 0)
             view = RangeBlocks(None, need, self._table, pool, self)
-            self._queue(rid, eng or 0, need, view, True)
+            self._queue(rid, eng or 0, need, view, True, hint)
             blocks = view
         if not delay_cache_blocks:
             cache_to = computed + num_new_tokens
@@ -347,54 +356,15 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         return blocks
 
     def _flush(self) -> None:
-        """Apply the queued appends (one engine call), then the queued inserts into the prefix index.
-
-        The batched append takes free blocks only; when the queued blocks need cache-only blocks evicted
-        (the engine's free blocks are fewer), each entry is appended by its own call, which evicts as the
-        index's eviction mode says.
-        """
+        """Apply the queued appends (one engine call, which evicts cached blocks as the index's mode says),
+        then the queued inserts into the prefix index."""
         if self._p_reqs:
-            status = self._f_stats(self._h, self._stats_p)
-            if status:
-                _raise(self._lib, status)
-            if self._stats.free_blocks >= sum(self._p_counts):
-                super()._flush()
-            else:
-                self._flush_evicting()
+            super()._flush()
         if self._p_insert:
             pending, self._p_insert = self._p_insert, {}
             engine_reqs = self.block_pool._engine_reqs
             for rid, (request, full) in pending.items():
                 self._insert(request, engine_reqs.get(rid), full)
-
-    def _flush_evicting(self) -> None:
-        """The queued appends one call each (``tagma_request_append_runs``, which may evict), with the
-        bookkeeping of the batched path: pending views get their runs, new engine requests are recorded,
-        blocks to zero are noted. On an engine error the entries not yet appended are unqueued."""
-        reqs, counts, rids, views = self._p_reqs, self._p_counts, self._p_rids, self._p_views
-        zero = self._p_zero
-        self._p_reqs, self._p_counts, self._p_rids, self._p_views = [], [], [], []
-        self._p_zero, self._p_new = [], {}
-        engine_reqs = self.block_pool._engine_reqs
-        for i, count in enumerate(counts):
-            rid = rids[i]
-            try:
-                eng = reqs[i] or engine_reqs.get(rid) or self._create(rid)
-                status = self._f_append_one(
-                    self._h, eng, count, 0, self._one_runs_p, self._one_runs_cap, self._i64b_p
-                )
-                if status:
-                    _raise(self._lib, status)
-            except Exception:
-                self._p_rids, self._p_counts = rids[i:], counts[i:]
-                self._unqueue()
-                self._p_rids, self._p_counts = [], []
-                raise
-            run = self._one_runs[: 2 * self._i64b.value]
-            if views[i] is not None:
-                views[i]._runs = run
-            if zero and zero[i]:
-                self._zero_ids.append(ids_from_runs(run, self._table))
 
     def _attach(self, request: Request, eng: int, hits: int) -> None:
         """Attach the request's first ``hits`` cached blocks (one index walk) and recount the free blocks."""

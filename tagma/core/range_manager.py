@@ -185,10 +185,11 @@ class RangeKVCacheManager(TagmaKVCacheManager):
         self._reserve = self.policy == Policy.RESERVE
         if self._reserve:
             engine.set_admission(*reserve_admission())
+        self._hinted = self._reserve  # whether queued appends carry growth hints (_p_hints)
         # The queued appends: entry i appends _p_counts[i] blocks to engine request _p_reqs[i] (0: create one)
         # for request _p_rids[i]; _p_views[i] is the RangeBlocks that allocate_slots returned (None: none);
-        # _p_hints[i] its growth hint (RESERVE only).
-        self._batch = AppendBatch(engine, capacity=256, hints=self._reserve)
+        # _p_hints[i] its growth hint (when _hinted).
+        self._batch = AppendBatch(engine, capacity=256, hints=self._hinted)
         self._p_reqs: list[int] = []
         self._p_counts: list[int] = []
         self._p_hints: list[int] = []
@@ -320,14 +321,17 @@ class RangeKVCacheManager(TagmaKVCacheManager):
         self.block_pool._engine_reqs[rid] = eng
         return eng
 
-    def _queue(self, rid: str, eng: int, count: int, view: RangeBlocks | None, zero: bool) -> None:
-        """Queue an append of ``count`` blocks to engine request ``eng`` (0: create one) for ``rid``."""
+    def _queue(
+        self, rid: str, eng: int, count: int, view: RangeBlocks | None, zero: bool, hint: int = 0
+    ) -> None:
+        """Queue an append of ``count`` blocks to engine request ``eng`` (0: create one) for ``rid``, with a
+        growth ``hint`` when appends carry them."""
         if eng == 0:
             self._p_new[rid] = len(self._p_reqs)
         self._p_reqs.append(eng)
         self._p_counts.append(count)
-        if self._reserve:
-            self._p_hints.append(0)
+        if self._hinted:
+            self._p_hints.append(hint)
         self._p_rids.append(rid)
         self._p_views.append(view)
         if self._zeroing:
@@ -352,7 +356,7 @@ class RangeKVCacheManager(TagmaKVCacheManager):
             batch.reserve(n)
         batch.requests[:n] = reqs
         batch.counts[:n] = self._p_counts
-        if self._reserve:
+        if self._hinted:
             batch.hints[:n] = self._p_hints
         views, zero, new = self._p_views, self._p_zero, self._p_new
         try:

@@ -77,8 +77,7 @@ def headline_rows(section: dict[str, Any], contexts: list[int]) -> list[dict[str
                 100.0 * contiguous["hit_rate"],
                 "%",
                 TARGETS["prefix_eviction_hit_rate"],
-                note=f"engine-level replay (no vLLM scheduler); in_place mode "
-                f"{100.0 * by_mode['in_place']['hit_rate']:.2f}%",
+                note="engine-level replay (no vLLM scheduler)",
             )
         )
         rows.append(
@@ -88,9 +87,7 @@ def headline_rows(section: dict[str, Any], contexts: list[int]) -> list[dict[str
                 lru["ranges_mean"],
                 contiguous["ranges_mean"],
                 "ranges",
-                note=f"p99 {lru['ranges_p99']:.0f} (LRU) vs {contiguous['ranges_p99']:.0f} (contiguous); "
-                f"in_place mean {by_mode['in_place']['ranges_mean']:.2f}, p99 "
-                f"{by_mode['in_place']['ranges_p99']:.0f}",
+                note=f"p99 {lru['ranges_p99']:.0f} (LRU) vs {contiguous['ranges_p99']:.0f} (contiguous)",
             )
         )
     f = section["fixed_cost"]
