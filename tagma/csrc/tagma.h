@@ -181,7 +181,8 @@ tagma_status tagma_ranges_histogram(tagma_engine_handle h, int64_t *out, int64_t
  * hint (>= 0; 0 = none): blocks the request expects to append from this call on, this one included. When
  * the last range cannot grow in place and hint exceeds what remains to place, the new range goes into the
  * smallest free range that can hold the whole hint (in the middle of its slack) so that later appends grow
- * in place; when none can, the engine's policy places it as without a hint. */
+ * in place; when none can, the engine's policy places it as without a hint (with the prefix index in
+ * TAGMA_EVICT_CONTIGUOUS mode, that mode's placement reads the hint instead). */
 tagma_status tagma_request_append_runs(tagma_engine_handle h, uint64_t request, int64_t count, int64_t hint,
                                        int32_t *runs_out, int64_t capacity, int64_t *num_runs);
 
@@ -290,15 +291,19 @@ tagma_status tagma_coord_offset(const tagma_coord_layout *layout, int64_t layer,
  * eviction mode says:
  *   TAGMA_EVICT_LRU         exactly vLLM's order: LRU victims, with their subtrees, until enough blocks are
  *                           free; then the blocks are placed as without the index;
- *   TAGMA_EVICT_CONTIGUOUS  cache-only blocks are placeable space. The request's last range grows in place
- *                           over the blocks right after it that no request uses (the cached ones among them
- *                           are evicted); the rest becomes a new range in space no request uses, evicting
- *                           only the cached blocks it covers, placed in order: the smallest free range that
- *                           holds the growth hint; the smallest run of free or cache-only blocks that holds
- *                           it; without a hint, a free range by the engine's policy; the largest such run
- *                           (pieces, largest first, when none holds the rest). A new range sits in the
- *                           middle of its slack, so it and its left neighbour grow in place over the cached
- *                           blocks around them; cached blocks are evicted only when a request takes them.
+ *   TAGMA_EVICT_CONTIGUOUS  while never-used blocks cover an append (vLLM would hand those out first), it
+ *                           takes free blocks only and evicts nothing. Once they do not (the pool has
+ *                           cycled), cache-only blocks are placeable space: the request's last range grows
+ *                           in place over the blocks right after it that no request uses, evicting the
+ *                           cached ones (up to one that entered the LRU in its newer half: evicting a block
+ *                           evicts its subtree, and a chain cached recently, e.g. a preempted request's,
+ *                           keeps its head); the rest becomes a new range that evicts only the cached blocks
+ *                           it covers. Either way a new range goes where its growth hint fits past its left
+ *                           neighbour's remaining hint: the largest free range; the hint's blocks ending at
+ *                           one of the next LRU victims (a chain's end: its prefix stays cached); the
+ *                           largest run of unused blocks; then the same ignoring the neighbour (middle of
+ *                           the slack); then for the new blocks alone; then pieces, largest first. The
+ *                           engine's placement policy is not used in this mode.
  * With the index, tagma_request_append may evict more than `count` blocks (subtrees, windows): evicted_out
  * receives the first `count` evicted ids and *num_evicted the number of blocks evicted.
  *
