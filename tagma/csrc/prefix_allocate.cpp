@@ -109,7 +109,8 @@ std::optional<int32_t> Engine::place_over_cache(uint64_t id, int32_t count, int6
 //   rest of the run, and the range starts anywhere from there to the latest start that leaves `want`;
 //   otherwise: `want` must fit in the run, and the range starts no earlier than the middle of the slack
 //   (the left neighbour keeps half of it) and no later than leaves `want`.
-// Within those bounds, a range anchored at a cached `victim` takes the `want` blocks that end at it: a
+// Within those bounds, a range anchored at a cached `victim` takes the `want` blocks that end at it (or
+// holds it within them; nullopt when the bounds leave the victim out: the run is not tried): a
 // released request's blocks enter the LRU tail last block first, so the victim ends a cached chain, the
 // blocks before it are what LRU evicts next, and evicting the range's first block evicts the chain from
 // there on (its subtree): the range's room to grow becomes free while the chain's prefix stays cached.
@@ -126,7 +127,9 @@ std::optional<int32_t> Engine::place_in_run(uint64_t id, FreeRange run, int32_t 
   }
   if (latest < earliest) return std::nullopt;
   if (victim < 0) return static_cast<int32_t>(earliest + (latest - earliest) / 2);
-  return static_cast<int32_t>(std::clamp(int64_t{victim} - want + 1, earliest, latest));
+  const int64_t start = std::clamp(int64_t{victim} - want + 1, earliest, latest);
+  if (victim < start || victim >= start + want) return std::nullopt;  // the bounds left the victim out
+  return static_cast<int32_t>(start);
 }
 
 // How many of the unused blocks [start, start + count) from `start` on may be evicted for in-place growth:
