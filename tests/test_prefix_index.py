@@ -211,8 +211,9 @@ def _warm_pool_decode_ranges(mode: EvictionMode) -> tuple[list[int], float]:
 
 
 def test_contiguous_eviction_keeps_decodes_mostly_in_place_on_a_warm_pool() -> None:
-    """Exact LRU gives nearly every growth its own range; contiguous eviction grows in place over evicted
-    windows (measured here: LRU 26-89 ranges per request, contiguous 2-7)."""
+    """Exact LRU gives nearly every growth its own range; contiguous eviction places each request where its
+    growth hint fits and grows it in place (measured here: LRU 26-89 ranges per request, contiguous 1-5,
+    with 33% of the warm prompts' blocks still cached against LRU's 37%)."""
     lru_ranges, lru_cached = _warm_pool_decode_ranges(EvictionMode.LRU)
     contiguous_ranges, contiguous_cached = _warm_pool_decode_ranges(EvictionMode.CONTIGUOUS)
     assert min(lru_ranges) >= 20, lru_ranges
