@@ -119,8 +119,7 @@ class HitBlocks(KVCacheBlocks):
 
 class PrefixKVCacheManager(RangeKVCacheManager):
     """``KVCacheManager`` for prefix caching on, built through ``TagmaKVCacheManager(...)`` (same arguments;
-    ``prefix_eviction``: ``lru`` | ``contiguous`` | ``in_place``, default ``$TAGMA_PREFIX_EVICTION`` or
-    contiguous)."""
+    ``prefix_eviction``: ``lru`` | ``contiguous``, default ``$TAGMA_PREFIX_EVICTION`` or contiguous)."""
 
     uses_block_hashes = False  # the engine core builds requests without vLLM's block hasher
 
