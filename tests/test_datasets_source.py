@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness import datasets_source as ds
-from harness import tiny_model
 from harness import workload as wl
 from harness.workload import LengthDist, WorkloadSpec, build_workload
 
@@ -23,13 +20,6 @@ CONVS = [
     ]}
     for i in range(12)
 ]
-
-
-@pytest.fixture(scope="module")
-def tok_dir() -> Path:
-    if not (tiny_model.DEFAULT_DIR / "tiny_model_spec.json").exists():
-        subprocess.run([sys.executable, "-m", "harness.tiny_model"], check=True)
-    return tiny_model.DEFAULT_DIR
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from harness import mooncake_workload as mw
-from harness import tiny_model
 from harness.arrivals import LoadSpec
 from harness.client import run_requests
 from harness.mock_server import MockConfig, MockServer
@@ -36,13 +35,6 @@ def write_trace(path: Path, records=RECORDS) -> Path:
     path.write_text("".join(json.dumps({"timestamp": t, "input_length": n, "output_length": o, "hash_ids": h})
                             + "\n" for t, n, o, h in records))
     return path
-
-
-@pytest.fixture(scope="module")
-def tok_dir() -> Path:
-    if not (tiny_model.DEFAULT_DIR / "tiny_model_spec.json").exists():
-        subprocess.run([sys.executable, "-m", "harness.tiny_model"], check=True)
-    return tiny_model.DEFAULT_DIR
 
 
 @pytest.fixture(scope="module")

@@ -4,26 +4,17 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from harness import packing, sharegpt, tiny_model
+from harness import packing, sharegpt
 from harness import workload as wl
 from harness.workload import LengthDist, WorkloadSpec, build_workload
 
 FIXED_OUT = LengthDist("fixed", value=32)
-
-
-@pytest.fixture(scope="module")
-def tok_dir() -> Path:
-    if not (tiny_model.DEFAULT_DIR / "tiny_model_spec.json").exists():
-        subprocess.run([sys.executable, "-m", "harness.tiny_model"], check=True)
-    return tiny_model.DEFAULT_DIR
 
 
 @pytest.fixture(scope="module")
