@@ -43,7 +43,7 @@ from vllm.v1.request import Request, RequestStatus
 from tagma.contract import ENV_PREFIX_EVICTION
 from tagma.core.manager import _SIGNATURE
 from tagma.core.range_manager import RangeBlocks, RangeKVCacheManager
-from tagma.engine import AppendBatch, Policy, _raise
+from tagma.engine import Policy, _raise
 from tagma.errors import TagmaUnsupported
 from tagma.prefix_index import EvictionMode, PrefixIndex
 
@@ -148,18 +148,19 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         hash_block_size = arguments.get("hash_block_size")
         if block_size is not None and hash_block_size not in (None, block_size):
             raise TagmaUnsupported("hash_block_size != block_size (partial prefix-cache hits)")
-        # The range manager under it: vLLM's coordinator and pool without their prefix cache (nothing of
-        # them is used for caching here), then caching switched on for the scheduler-facing contract.
-        arguments["enable_caching"] = False
-        super().__init__(**arguments, placement_policy=placement)
-        if self._reserve:  # the range manager's admission and hints; evicting appends do not carry them
-            raise TagmaUnsupported("TAGMA_PLACEMENT=reserve with prefix caching on (use it with caching off)")
-        self.enable_caching = True
         mode = EvictionMode.parse(
             prefix_eviction if prefix_eviction is not None else (
                 os.environ.get(ENV_PREFIX_EVICTION) or DEFAULT_EVICTION
             )
         )
+        self._mode = mode  # read by _appends_carry_hints during the range manager's __init__
+        # The range manager under it: vLLM's coordinator and pool without their prefix cache (nothing of
+        # them is used for caching here), then caching switched on for the scheduler-facing contract.
+        arguments["enable_caching"] = False
+        super().__init__(**arguments, placement_policy=placement)
+        if self._reserve:  # RESERVE's admission (a declined first append) is the range manager's path only
+            raise TagmaUnsupported("TAGMA_PLACEMENT=reserve with prefix caching on (use it with caching off)")
+        self.enable_caching = True
         if mode == EvictionMode.CONTIGUOUS and self.policy != Policy.HEADROOM:
             raise TagmaUnsupported(
                 f"TAGMA_PLACEMENT={self.policy.name.lower()} with TAGMA_PREFIX_EVICTION=contiguous (its "
@@ -167,12 +168,6 @@ class PrefixKVCacheManager(RangeKVCacheManager):
             )
         self.index = PrefixIndex(self.engine, self.block_size, mode)
         self.prefix_eviction = mode.name.lower()
-        # Contiguity-aware eviction: every append carries its growth hint (the blocks prompt + max_tokens
-        # still need), and the engine places a new range where the hint fits, over cached blocks if need be,
-        # so the request then grows in place. LRU keeps the range manager's placement (no hints). The
-        # batched call evicts as the index's mode says.
-        self._hinted = mode != EvictionMode.LRU
-        self._batch = AppendBatch(self.engine, capacity=256, hints=self._hinted)
         self._f_stats = self.engine._f_stats
         self._stats = self.engine._stats
         self._stats_p = self.engine._stats_p
@@ -196,6 +191,13 @@ class PrefixKVCacheManager(RangeKVCacheManager):
             self._sync_free()
 
         pool.free_blocks = free_blocks  # type: ignore[method-assign]
+
+    def _appends_carry_hints(self) -> bool:
+        """Contiguity-aware eviction: every append carries its growth hint (the blocks prompt + max_tokens
+        still need), and the engine places a new range where the hint fits, over cached blocks if need be,
+        so the request then grows in place. LRU keeps the range manager's placement (no hints). The batched
+        call evicts as the index's mode says."""
+        return self._mode != EvictionMode.LRU
 
     # ---- namespaces
 

@@ -185,7 +185,7 @@ class RangeKVCacheManager(TagmaKVCacheManager):
         self._reserve = self.policy == Policy.RESERVE
         if self._reserve:
             engine.set_admission(*reserve_admission())
-        self._hinted = self._reserve  # whether queued appends carry growth hints (_p_hints)
+        self._hinted = self._appends_carry_hints()  # whether queued appends carry growth hints (_p_hints)
         # The queued appends: entry i appends _p_counts[i] blocks to engine request _p_reqs[i] (0: create one)
         # for request _p_rids[i]; _p_views[i] is the RangeBlocks that allocate_slots returned (None: none);
         # _p_hints[i] its growth hint (when _hinted).
@@ -290,6 +290,10 @@ class RangeKVCacheManager(TagmaKVCacheManager):
         self._held[rid] = held + need
         pool._num_free -= need
         return view
+
+    def _appends_carry_hints(self) -> bool:
+        """Whether every queued append carries a growth hint: under RESERVE (read once, in ``__init__``)."""
+        return self._reserve
 
     def _admit_reserved(self, rid: str, eng: int, need: int, hint: int) -> RangeBlocks | None:
         """RESERVE: a request's first append, at once (after the queue, so placement order is kept); None when
