@@ -99,7 +99,7 @@ class Engine {
   int64_t evict_lru_until_free(int64_t count);
   int64_t evict_unused(int32_t start, int32_t count);
   int32_t older_cached_run(int32_t start, int32_t count) const;
-  std::optional<int32_t> place_over_cache(uint64_t id, int32_t count, int64_t want, const FreeList& space) const;
+  std::optional<int32_t> place_over_cache(uint64_t id, int32_t count, int64_t want, bool over_cached) const;
   std::optional<int32_t> place_in_run(uint64_t id, FreeRange run, int32_t victim, int64_t want,
                                       bool respect_reservation) const;
   std::unique_ptr<PrefixIndex> prefix_;

@@ -61,15 +61,15 @@ int64_t Engine::evict_unused(int32_t start, int32_t count) {
 }
 
 // Where a new range of `count` blocks goes in CONTIGUOUS mode, for request `id`, which expects `want` >=
-// count blocks from here (its growth hint), in `space` (unused_: free and cached blocks; free_list_: free
-// blocks only); nullopt when no run of it holds `count`.
-// Candidates, in order: the largest free range (no eviction); with cached blocks as space, the unused runs
+// count blocks from here (its growth hint), among free blocks and, when `over_cached`, cached ones too;
+// nullopt when no run of that space holds `count`.
+// Candidates, in order: the largest free range (no eviction); over cached blocks too, the unused runs
 // of the next LRU victims (kAnchorRuns distinct runs at most: cached blocks LRU evicts next) and the
 // largest unused run. The first that holds the new range wins (place_in_run), tried in passes: `want` past
 // the left neighbour's reservation (its remaining expected blocks), `want` in the middle of the slack, then
 // `count` the same two ways.
 std::optional<int32_t> Engine::place_over_cache(uint64_t id, int32_t count, int64_t want,
-                                                const FreeList& space) const {
+                                                bool over_cached) const {
   constexpr int kAnchorRuns = 16;
   constexpr int kAnchorVictims = 256;
   const int64_t wants[2] = {want, count};
@@ -80,7 +80,7 @@ std::optional<int32_t> Engine::place_over_cache(uint64_t id, int32_t count, int6
         start = place_in_run(id, free_list_.largest_by_capacity(), -1, wanted, respect_reservation);
         if (start) return start;
       }
-      if (&space == &free_list_) continue;  // no eviction: free ranges only
+      if (!over_cached) continue;  // no eviction: free ranges only
       int runs = 0;
       int32_t last_run = -1;
       int victims = 0;
@@ -103,8 +103,9 @@ std::optional<int32_t> Engine::place_over_cache(uint64_t id, int32_t count, int6
   return std::nullopt;
 }
 
-// Where a new range that wants `want` blocks (its own and its room to grow) starts in `run` (free or unused blocks; the block
-// before it is in use or the run starts the usable space), or nullopt when it does not fit:
+// Where a new range that wants `want` blocks (its own and its room to grow) starts in `run` (free or unused
+// blocks; the block before it is in use or the run starts the usable space), or nullopt when it does not
+// fit:
 //   respecting the reservation: past the left neighbour's remaining expected blocks, `want` must fit in the
 //   rest of the run, and the range starts anywhere from there to the latest start that leaves `want`;
 //   otherwise: `want` must fit in the run, and the range starts no earlier than the middle of the slack
@@ -175,7 +176,7 @@ void Engine::prefix_allocate(uint64_t id, Request& request, int64_t count, int32
   const int64_t grown = count - rest;
   while (rest > 0) {
     const int64_t want = std::max<int64_t>(rest, std::min<int64_t>(growth_hint_ - grown, geometry_.num_blocks));
-    std::optional<int32_t> start = place_over_cache(id, rest, want, space);
+    std::optional<int32_t> start = place_over_cache(id, rest, want, &space == unused_.get());
     int32_t piece = rest;
     if (!start) {  // no run of the space holds the rest: the largest runs, one piece each
       const FreeRange largest = space.largest_by_capacity();
