@@ -6,9 +6,10 @@
 //
 // CONTIGUOUS: once the pool has cycled (never-used blocks fewer than the append) cache-only blocks are
 // placeable space. The request's last range grows in place over the blocks right after it that no
-// request uses, evicting the cached ones among them (unless they were cached recently: older_cached_run). What remains becomes a new range in space no request
-// uses, evicting only the cached blocks it covers (place_over_cache). Before the pool has cycled the same
-// placement uses free blocks only and evicts nothing.
+// request uses, evicting the cached ones among them (unless they were cached recently: older_cached_run).
+// What remains becomes a new range in space no request uses, evicting only the cached blocks it covers
+// (place_over_cache). Before the pool has cycled the same placement uses free blocks only and evicts
+// nothing.
 #include <algorithm>
 #include <optional>
 
@@ -115,7 +116,9 @@ std::optional<int32_t> Engine::place_over_cache(uint64_t id, int32_t count, int6
 // released request's blocks enter the LRU tail last block first, so the victim ends a cached chain, the
 // blocks before it are what LRU evicts next, and evicting the range's first block evicts the chain from
 // there on (its subtree): the range's room to grow becomes free while the chain's prefix stays cached.
-// Without a victim, the middle of the bounds.
+// Without a victim, respecting the reservation: right where it ends, so the rest of the run stays one run
+// for the next range (a middle start halves the largest run at every admission, and a batch of admissions
+// after it is left only runs too short for their hints); ignoring it, the middle of the bounds.
 std::optional<int32_t> Engine::place_in_run(uint64_t id, FreeRange run, int32_t victim, int64_t want,
                                             bool respect_reservation) const {
   const int64_t end = int64_t{run.start} + run.count;
@@ -127,7 +130,9 @@ std::optional<int32_t> Engine::place_in_run(uint64_t id, FreeRange run, int32_t 
     earliest += (run.count - want) / 2;
   }
   if (latest < earliest) return std::nullopt;
-  if (victim < 0) return static_cast<int32_t>(earliest + (latest - earliest) / 2);
+  if (victim < 0) {
+    return static_cast<int32_t>(respect_reservation ? earliest : earliest + (latest - earliest) / 2);
+  }
   const int64_t start = std::clamp(int64_t{victim} - want + 1, earliest, latest);
   if (victim < start || victim >= start + want) return std::nullopt;  // the bounds left the victim out
   return static_cast<int32_t>(start);

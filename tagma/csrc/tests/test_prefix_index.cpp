@@ -350,7 +350,7 @@ TEST(prefix_contiguous_mode_evicts_for_contiguity_only_once_never_used_blocks_ru
       CHECK_EQ(engine.stats().evictions, 2);  // 3 and its child 4
       CHECK_EQ(engine.ranges(r).size(), 1u);
     } else {
-      CHECK_EQ(got[0], 9);  // the middle of the free range 7..11
+      CHECK_EQ(got[0], 7);  // the start of the free range 7..11: the rest stays one run
       CHECK_EQ(engine.stats().evictions, 0);
       CHECK_EQ(lookup(engine, 0, {4, 4}).size(), 2u);
     }
@@ -406,6 +406,30 @@ TEST(prefix_contiguous_mode_places_a_hinted_range_over_cached_blocks_and_grows_i
   CHECK_EQ(engine.ranges(r).size(), 1u);
   CHECK_EQ(engine.ranges(r)[0].start, 15);
   CHECK_EQ(engine.ranges(r)[0].count, 6);
+  check_prefix_invariants(engine);
+}
+
+// A hinted append with room for its hint in a free run starts right where the left neighbour's reservation
+// ends: the rest of the run stays one run, so a batch of admissions packs each behind the last one's room
+// (a start in the middle of the run would halve it per admission and leave later hints no run to fit).
+TEST(prefix_contiguous_mode_packs_hinted_ranges_behind_each_others_room) {
+  TestEngine engine(21);  // usable 1..20, all free
+  enable(engine, 1, TAGMA_EVICT_CONTIGUOUS);
+  int32_t runs[4] = {};
+  int64_t num_runs = 0;
+  std::vector<uint64_t> requests;
+  for (const int32_t expected_start : {1, 6, 11}) {
+    const uint64_t r = engine.new_request();
+    requests.push_back(r);
+    require_ok(tagma_request_append_runs(engine.handle(), r, 2, 5, runs, 2, &num_runs), "append_runs");
+    CHECK_EQ(num_runs, 1);
+    CHECK_EQ(runs[0], expected_start);
+  }
+  CHECK(engine.free_ranges() == (Pairs{{3, 3}, {8, 3}, {13, 8}}));
+  for (int i = 0; i < 3; ++i) {
+    for (const uint64_t r : requests) engine.append(r, 1);  // each grows into its own room
+  }
+  for (const uint64_t r : requests) CHECK_EQ(engine.ranges(r).size(), 1u);
   check_prefix_invariants(engine);
 }
 
