@@ -110,6 +110,7 @@ class Engine {
   // (vLLM hands out never-used blocks before it evicts: while they cover an append, nothing is evicted).
   std::vector<uint8_t> used_ever_;
   int64_t never_used_ = 0;
+  bool pool_cycled_ = false;  // an append found never_used_ short: cached blocks are space from then on
   std::vector<int32_t> attach_scratch_;  // prefix_lookup_attach: the hit blocks
   std::vector<int32_t> prefix_evicted_;  // prefix_allocate: blocks freed, in order (reserved: never grows)
 

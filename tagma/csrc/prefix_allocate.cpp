@@ -4,7 +4,7 @@
 // LRU: vLLM's order. LRU victims (with their subtrees) are evicted until enough blocks are free, then the
 // blocks are placed as without the index (allocate_free).
 //
-// CONTIGUOUS: once the pool has cycled (never-used blocks fewer than the append) cache-only blocks are
+// CONTIGUOUS: once the pool has cycled (never-used blocks were fewer than an append) cache-only blocks are
 // placeable space. The request's last range grows in place over the blocks right after it that no
 // request uses, evicting the cached ones among them (unless they were cached recently: older_cached_run).
 // What remains becomes a new range in space no request uses, evicting only the cached blocks it covers
@@ -158,10 +158,14 @@ void Engine::prefix_allocate(uint64_t id, Request& request, int64_t count, int32
     allocate_free(id, request, count, new_blocks_out);
     return;
   }
-  // Once the never-used blocks do not cover the append (the pool has cycled: vLLM's would evict now too)
-  // cached blocks are placeable space; before, only free blocks are, and nothing is evicted: while vLLM's
-  // pool hands out never-used blocks, the cache keeps what vLLM's keeps.
-  const FreeList& space = never_used_ < count ? *unused_ : free_list_;
+  // Once the never-used blocks do not cover an append (the pool has cycled: vLLM's would evict now too)
+  // cached blocks are placeable space, from then on for good: placement over cached blocks skips some
+  // never-used ones, and the few left would keep every small append (a decode's one block) off cached
+  // space, so that no request could grow in place over the cached blocks after it. Before, only free
+  // blocks are space, and nothing is evicted: while vLLM's pool hands out never-used blocks, the cache
+  // keeps what vLLM's keeps.
+  if (never_used_ < count) pool_cycled_ = true;
+  const FreeList& space = pool_cycled_ ? *unused_ : free_list_;
   const int64_t ranges_before = request.num_ranges();
   const int32_t end_before = request.ranges().empty() ? -1 : request.ranges().back().end();
   int64_t evicted = 0;

@@ -206,6 +206,7 @@ void Engine::prefix_enable(int64_t block_size, int32_t eviction_mode) {
   frontiers_.swap(frontiers);
   used_ever_.swap(used_ever);
   never_used_ = free_list_.free_blocks();
+  pool_cycled_ = false;
 }
 
 void Engine::prefix_set_eviction_mode(int32_t eviction_mode) {

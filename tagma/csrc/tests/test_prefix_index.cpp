@@ -433,6 +433,31 @@ TEST(prefix_contiguous_mode_packs_hinted_ranges_behind_each_others_room) {
   check_prefix_invariants(engine);
 }
 
+// Once an append has found the never-used blocks short, cached blocks stay placeable space: a placement
+// over cached blocks leaves a few never-used ones behind, and they must not keep a one-block decode append
+// off the cached block right after its range.
+TEST(prefix_contiguous_mode_keeps_treating_cached_blocks_as_space_once_the_pool_cycled) {
+  TestEngine engine(16);  // usable 1..15
+  enable(engine, 1, TAGMA_EVICT_LRU);
+  const uint64_t r = engine.new_request();
+  engine.append(r, 2);                                // 1 2
+  const uint64_t c = compute(engine, 0, {4}, 1);      // 3
+  const uint64_t pin = engine.new_request();
+  engine.append(pin, 1);                              // 4
+  const uint64_t e = compute(engine, 0, {6, 6, 6, 6}, 1);  // 5..8; 9..15 never used
+  engine.release(e);  // LRU: 8 7 6 5
+  engine.release(c);  // then 3
+  set_mode(engine, TAGMA_EVICT_CONTIGUOUS);
+  const uint64_t big = engine.new_request();
+  CHECK_EQ(engine.append(big, 8), (std::vector<int32_t>{5, 6, 7, 8, 9, 10, 11, 12}));  // over e: 7 never used < 8
+  CHECK_EQ(engine.stats().free_blocks, 3);  // 13..15, never used
+  const std::vector<int32_t> got = engine.append(r, 1);
+  CHECK_EQ(got, (std::vector<int32_t>{3}));  // in place over c, not a new range at 13
+  CHECK_EQ(engine.ranges(r).size(), 1u);
+  CHECK_EQ(lookup(engine, 0, {4}).size(), 0u);
+  check_prefix_invariants(engine);
+}
+
 // Released and attached blocks keep the engine's unused runs in step: a new range never lands on a block
 // in use, whatever mix of attach, release and eviction came before.
 TEST(prefix_contiguous_mode_never_places_over_blocks_in_use) {
