@@ -98,7 +98,7 @@ class Engine {
   void prefix_allocate(uint64_t id, Request& request, int64_t count, int32_t* new_blocks_out);
   int64_t evict_lru_until_free(int64_t count);
   int64_t evict_unused(int32_t start, int32_t count);
-  int32_t older_cached_run(int32_t start, int32_t count) const;
+  int32_t older_cached_run(const Request& request, int32_t count) const;
   std::optional<int32_t> place_over_cache(uint64_t id, int32_t count, int64_t want, bool over_cached) const;
   std::optional<int32_t> place_in_run(uint64_t id, FreeRange run, int32_t victim, int64_t want,
                                       bool respect_reservation) const;

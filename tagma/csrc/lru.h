@@ -24,6 +24,11 @@ class Lru {
   void push_front(int32_t block);  // becomes the next to evict
   void remove(int32_t block);
 
+  // The stamp the next push_back gets: every block listed before now has a smaller one.
+  int64_t clock() const { return clock_; }
+  // When a listed block entered the list (push_front: just before the front).
+  int64_t stamp(int32_t block) const { return stamp_[static_cast<size_t>(block)]; }
+
   // Whether a listed block entered the list in the older half of the time span of the blocks listed now
   // (each entry is stamped with a clock; the front's stamp is the oldest, the back's the newest). O(1).
   bool older_half(int32_t block) const {

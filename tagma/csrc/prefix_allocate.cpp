@@ -138,13 +138,21 @@ std::optional<int32_t> Engine::place_in_run(uint64_t id, FreeRange run, int32_t 
   return static_cast<int32_t>(start);
 }
 
-// How many of the unused blocks [start, start + count) from `start` on may be evicted for in-place growth:
-// up to the first cached block that entered the LRU in its newer half. Evicting a block evicts its
-// subtree, so a chain freed recently (a preempted request's blocks, which come back soon) is not cut at its
-// head for a neighbour's growth: the neighbour takes a new range over older cached blocks instead.
-int32_t Engine::older_cached_run(int32_t start, int32_t count) const {
+// How many of the `count` unused blocks right after `request`'s last range may be evicted for its in-place
+// growth: up to the first cached block that entered the LRU in its newer half, unless the block lies in
+// the request's room, i.e. within its remaining expected blocks and cached before its last range was
+// placed (the placement chose that room, over those blocks). Evicting a block evicts its subtree, so a
+// chain freed recently (a preempted request's blocks, which come back soon) is not cut at its head for a
+// neighbour's growth: the neighbour takes a new range over older cached blocks instead. The room is
+// exempt because the LRU's halves move as its old blocks are evicted: a room placed over the oldest
+// blocks reads as "newer half" once enough older ones are gone.
+int32_t Engine::older_cached_run(const Request& request, int32_t count) const {
+  const int32_t start = request.ranges().back().end();
+  const int64_t room = request.remaining_expected();
   for (int32_t block = start; block < start + count; ++block) {
-    if (lru_.contains(block) && !lru_.older_half(block)) return block - start;
+    if (!lru_.contains(block) || lru_.older_half(block)) continue;
+    const bool in_room = block - start < room && lru_.stamp(block) < request.placed_at();
+    if (!in_room) return block - start;
   }
   return count;
 }
@@ -172,7 +180,7 @@ void Engine::prefix_allocate(uint64_t id, Request& request, int64_t count, int32
   auto rest = static_cast<int32_t>(count);
   if (end_before >= 0) {  // in place, over the space right after the last range
     int32_t room = std::min(rest, space.run_at(end_before));
-    if (&space == unused_.get()) room = older_cached_run(end_before, room);
+    if (&space == unused_.get()) room = older_cached_run(request, room);
     if (room > 0) {
       const int64_t in_place = evict_unused(end_before, room);
       index.counters.in_place_evictions += in_place;
@@ -196,6 +204,7 @@ void Engine::prefix_allocate(uint64_t id, Request& request, int64_t count, int32
     if (window > 0) ++index.counters.window_evictions;
     evicted += window;
     add_new_range(request, *start, piece, new_blocks_out);
+    request.set_placed_at(lru_.clock());
     rest -= piece;
   }
   counters_.evictions += evicted;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -30,6 +31,11 @@ class Request {
   // Expected blocks not yet appended: what the request's growth may still need.
   int64_t remaining_expected() const { return std::max<int64_t>(expected_blocks_ - num_blocks_, 0); }
 
+  // The LRU clock when CONTIGUOUS placement put the last range (and so chose its room to grow); the
+  // lowest int64 when another path put it.
+  int64_t placed_at() const { return placed_at_; }
+  void set_placed_at(int64_t clock) { placed_at_ = clock; }
+
   // Physical block of logical block `logical`, which must be in [0, num_blocks()). O(log ranges).
   int32_t physical(int64_t logical) const;
   // Index of the range holding logical block `logical` in [0, num_blocks()). O(log ranges).
@@ -43,6 +49,7 @@ class Request {
   std::vector<Range> ranges_;
   int32_t num_blocks_ = 0;
   int64_t expected_blocks_ = 0;
+  int64_t placed_at_ = std::numeric_limits<int64_t>::min();
 };
 
 // How many live requests have each number of ranges: gives max_request_ranges and the histogram.

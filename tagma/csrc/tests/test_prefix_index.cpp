@@ -458,6 +458,41 @@ TEST(prefix_contiguous_mode_keeps_treating_cached_blocks_as_space_once_the_pool_
   check_prefix_invariants(engine);
 }
 
+// A range placed over cached blocks grows into its room (its remaining expected blocks) even when those
+// blocks read as "recently cached" by then: the LRU's halves move as older blocks are evicted, and the
+// placement chose the room over exactly these blocks.
+TEST(prefix_contiguous_mode_grows_into_its_room_when_the_lru_halves_have_moved) {
+  TestEngine engine(12);  // usable 1..11
+  enable(engine, 1, TAGMA_EVICT_LRU);
+  const uint64_t pin1 = engine.new_request();
+  engine.append(pin1, 1);                                   // 1
+  const uint64_t o = compute(engine, 0, {5}, 1);            // 2
+  const uint64_t pin2 = engine.new_request();
+  engine.append(pin2, 1);                                   // 3
+  const uint64_t m = compute(engine, 0, {7, 7}, 1);         // 4 5
+  const uint64_t q = compute(engine, 0, {8, 8, 8, 8}, 1);   // 6..9
+  const uint64_t pin3 = engine.new_request();
+  engine.append(pin3, 2);                                   // 10 11
+  engine.release(o);  // LRU: 2
+  engine.release(q);  // then 9 8 7 6
+  engine.release(m);  // then 5 4
+  set_mode(engine, TAGMA_EVICT_CONTIGUOUS);
+  const uint64_t r = engine.new_request();
+  int32_t runs[4] = {};
+  int64_t num_runs = 0;
+  require_ok(tagma_request_append_runs(engine.handle(), r, 2, 6, runs, 2, &num_runs), "append_runs");
+  // o's run (2) is too short; q's end 9 anchors the window 4..9: the range evicts m, its room is q.
+  CHECK_EQ(num_runs, 1);
+  CHECK_EQ(runs[0], 4);
+  CHECK_EQ(lookup(engine, 0, {8, 8, 8, 8}).size(), 4u);
+  // With m gone the LRU is 2, then q: q's first blocks are in its newer half.
+  for (int i = 0; i < 4; ++i) engine.append(r, 1);
+  CHECK_EQ(engine.ranges(r).size(), 1u);
+  CHECK_EQ(engine.ranges(r)[0].count, 6);
+  CHECK_EQ(lookup(engine, 0, {5}).size(), 1u);  // o stays cached
+  check_prefix_invariants(engine);
+}
+
 // Released and attached blocks keep the engine's unused runs in step: a new range never lands on a block
 // in use, whatever mix of attach, release and eviction came before.
 TEST(prefix_contiguous_mode_never_places_over_blocks_in_use) {
