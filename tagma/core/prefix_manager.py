@@ -320,33 +320,34 @@ class PrefixKVCacheManager(RangeKVCacheManager):
                 evictable = self._evictable(new_computed_blocks, hits)
             if need + evictable + watermark > free - reserved_blocks:
                 return None
-        if request.num_computed_tokens == 0 and held == 0:
-            self._ns[rid] = self._namespace(request)
-        eng = pool._engine_reqs.get(rid)
-        if eng is None and rid in self._p_new:  # its engine request is queued for creation: apply the queue
-            self._flush()
-            eng = pool._engine_reqs[rid]
-        if hits:
-            if eng is None:
-                eng = self._create(rid)  # the hit is attached now (one index walk), before any append
-            self._attach(request, eng, hits)
         blocks: KVCacheBlocks = self.empty_kv_cache_blocks
-        if num_external_computed_tokens:
-            external = -(-computed // bs) - held - hits
-            if external > 0:
+        if need or hits or num_external_computed_tokens:  # else a decode step within its last block
+            if request.num_computed_tokens == 0 and held == 0:
+                self._ns[rid] = self._namespace(request)
+            eng = pool._engine_reqs.get(rid)
+            if eng is None and rid in self._p_new:  # its engine request is queued for creation: apply it
+                self._flush()
+                eng = pool._engine_reqs[rid]
+            if hits:
                 if eng is None:
-                    eng = self._create(rid)
-                zero = self._zeroing and 0 not in kwargs.get("skip_zeroing_group_ids", ())
-                self._queue(rid, eng, external, None, zero)
-                need -= external
-        if need > 0:
-            hint = 0
-            if self._hinted:
-                total = request.num_prompt_tokens + (request.max_tokens or 0)
-                hint = -(-(total if total < max_len else max_len) // bs) - self._held.get(rid, 0)
-            view = RangeBlocks(None, need, self._table, pool, self)
-            self._queue(rid, eng or 0, need, view, True, hint)
-            blocks = view
+                    eng = self._create(rid)  # the hit is attached now (one index walk), before any append
+                self._attach(request, eng, hits)
+            if num_external_computed_tokens:
+                external = -(-computed // bs) - held - hits
+                if external > 0:
+                    if eng is None:
+                        eng = self._create(rid)
+                    zero = self._zeroing and 0 not in kwargs.get("skip_zeroing_group_ids", ())
+                    self._queue(rid, eng, external, None, zero)
+                    need -= external
+            if need > 0:
+                hint = 0
+                if self._hinted:
+                    total = request.num_prompt_tokens + (request.max_tokens or 0)
+                    hint = -(-(total if total < max_len else max_len) // bs) - self._held.get(rid, 0)
+                view = RangeBlocks(None, need, self._table, pool, self)
+                self._queue(rid, eng or 0, need, view, True, hint)
+                blocks = view
         if not delay_cache_blocks:
             cache_to = computed + num_new_tokens
             if cache_to > request.num_tokens:
