@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.harness_run import run_harness
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -16,22 +16,19 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 def test_small_ab_writes_a_complete_report(tmp_path: Path) -> None:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    cmd = [
-        sys.executable, "-m", "harness.main",
-        f"results_dir={tmp_path}", "run_id=e2e", "run=ci", "load=poisson",
+    overrides = (
+        "run=ci", "load=poisson",
         "workload.name=e2e_small", "workload.num_requests=4", "workload.num_warmup=1",
         "workload.input_len={kind: uniform, low: 300, high: 900}",
         "workload.output_len={kind: fixed, value: 8}",
         "server.max_model_len=2048", "server.kv_cache_space_gib=1", "load.request_rate=4",
-    ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    )  # fmt: skip
+    summary = run_harness(tmp_path, "e2e", *overrides)
     root = tmp_path / "e2e"
     statuses = [json.loads(p.read_text()) for p in sorted(root.glob("runs/*/status.json"))]
     assert [(s["arm"], s["backend"], s["status"]) for s in statuses] == [
         ("baseline", "paged", "ok"), ("candidate", "tagma", "ok")]
     assert all(s["noise"]["server_cpu_s"] > 0 and "under_load" in s["noise"] for s in statuses)
-    summary = json.loads((root / "summary.json").read_text())
     for arm in ("baseline", "candidate"):
         s = summary["arms"][arm]
         assert s["completed"] == 4 and s["failed"] == 0
@@ -52,26 +49,22 @@ def test_small_ab_writes_a_complete_report(tmp_path: Path) -> None:
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before  # no server left behind
     # a second invocation with the same run_id resumes: no run is redone, the report is rebuilt
     recorded = {p: p.stat().st_mtime_ns for p in root.glob("runs/*/requests.jsonl")}
-    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stderr[-3000:]
+    run_harness(tmp_path, "e2e", *overrides, timeout_s=600)
     assert {p: p.stat().st_mtime_ns for p in root.glob("runs/*/requests.jsonl")} == recorded
 
 
 @pytest.mark.slow
 def test_real_paired_aa_gives_no_verdict(tmp_path: Path) -> None:
     """An A/A through two live paged servers (paired design): the method must not invent a difference."""
-    cmd = [
-        sys.executable, "-m", "harness.main",
-        f"results_dir={tmp_path}", "run_id=aa", "run=ci", "backends=[paged,paged]", "run.design=paired",
+    summary = run_harness(
+        tmp_path, "aa",
+        "run=ci", "backends=[paged,paged]", "run.design=paired",
         "load=serial",
         "workload.name=aa_small", "workload.num_requests=12", "workload.num_warmup=1",
         "workload.input_len={kind: uniform, low: 300, high: 900}",
         "workload.output_len={kind: fixed, value: 8}",
         "server.max_model_len=2048", "server.kv_cache_space_gib=1",
-    ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    summary = json.loads((tmp_path / "aa" / "summary.json").read_text())
+    )  # fmt: skip
     assert summary["kind"] == "A/A" and summary["design"] == "paired"
     rows = {r["metric"]: r for r in summary["ab"]}
     assert rows["mean_ttft_ms"]["samples"] == 12

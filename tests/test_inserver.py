@@ -22,6 +22,7 @@ from harness.compare import load_runs
 from harness.config import from_mapping
 from tagma.contract import PLACEMENT_TELEMETRY_FILE
 from tagma.host_time import COLUMNS, HostTimeChunk
+from tests.harness_run import run_harness
 
 REPO = Path(__file__).resolve().parents[1]
 OVERHEAD_NS = 500  # the clock-read cost the synthetic chunks declare
@@ -270,20 +271,15 @@ def test_shipped_config() -> None:
 def test_shipped_config_runs_end_to_end_at_a_tiny_size(tmp_path: Path) -> None:
     """The shipped config's servers (prefix caching off, its batch budget) through the harness, shrunk to 4
     short requests and one server run per arm: the report carries the in-server section from real records."""
-    import subprocess
-    import sys
-
-    cmd = [
-        sys.executable, "-m", "harness.main", "--config-name", "inserver_64x16k",
-        f"results_dir={tmp_path}", "run_id=tiny", "run.repeats=1", "load.max_concurrency=4",
+    summary = run_harness(
+        tmp_path, "tiny",
+        "run.repeats=1", "load.max_concurrency=4",
         "workload.name=inserver_tiny", "workload.num_requests=4", "workload.num_warmup=0",
         "workload.input_len={kind: uniform, low: 300, high: 600}",
         "workload.output_len={kind: fixed, value: 24}",
         "server.max_model_len=1024", "server.kv_cache_space_gib=1",
-    ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    summary = json.loads((tmp_path / "tiny" / "summary.json").read_text())
+        config_name="inserver_64x16k",
+    )  # fmt: skip
     ins = summary["inserver"]
     assert ins["min_running"] == 4 and ins["prefix_caching_off_everywhere"] is True
     for arm in ("baseline", "candidate"):

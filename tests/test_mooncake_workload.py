@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +15,7 @@ from harness.arrivals import LoadSpec
 from harness.client import run_requests
 from harness.mock_server import MockConfig, MockServer
 from harness.workload import LengthDist, WorkloadSpec, build_workload
+from tests.harness_run import run_harness
 
 REPO = Path(__file__).resolve().parent.parent
 B = 512
@@ -329,17 +328,15 @@ def test_tiny_trace_replay_through_real_servers_hits_the_prefix_cache(tmp_path):
 
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     trace = write_trace(tmp_path / "t.jsonl", RECORDS[:5])
-    cmd = [
-        sys.executable, "-m", "harness.main", "--config-name", "mooncake_cpu",
-        f"results_dir={tmp_path}", "run_id=mc", "run=ci", f"workload.path={trace}",
+    summary = run_harness(
+        tmp_path, "mc",
+        "run=ci", f"workload.path={trace}",
         "workload.num_requests=5", "workload.num_warmup=1", "workload.time_scale=0.2",
         "workload.output_len={kind: natural, high: 4}", "server.max_model_len=4096",
         "server.kv_cache_space_gib=1",
-    ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        config_name="mooncake_cpu",
+    )  # fmt: skip
     root = tmp_path / "mc"
-    summary = json.loads((root / "summary.json").read_text())
     for arm in ("baseline", "candidate"):
         assert summary["arms"][arm]["completed"] == 5 and summary["arms"][arm]["failed"] == 0
     lines = (root / "runs/00-baseline-paged/requests.jsonl").read_text().splitlines()
