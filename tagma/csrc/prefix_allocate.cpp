@@ -180,7 +180,7 @@ void Engine::prefix_allocate(uint64_t id, Request& request, int64_t count, int32
   auto rest = static_cast<int32_t>(count);
   if (end_before >= 0) {  // in place, over the space right after the last range
     int32_t room = std::min(rest, space.run_at(end_before));
-    if (&space == unused_.get()) room = older_cached_run(request, room);
+    if (pool_cycled_) room = older_cached_run(request, room);
     if (room > 0) {
       const int64_t in_place = evict_unused(end_before, room);
       index.counters.in_place_evictions += in_place;
@@ -193,7 +193,7 @@ void Engine::prefix_allocate(uint64_t id, Request& request, int64_t count, int32
   const int64_t grown = count - rest;
   while (rest > 0) {
     const int64_t want = std::max<int64_t>(rest, std::min<int64_t>(growth_hint_ - grown, geometry_.num_blocks));
-    std::optional<int32_t> start = place_over_cache(id, rest, want, &space == unused_.get());
+    std::optional<int32_t> start = place_over_cache(id, rest, want, pool_cycled_);
     int32_t piece = rest;
     if (!start) {  // no run of the space holds the rest: the largest runs, one piece each
       const FreeRange largest = space.largest_by_capacity();
