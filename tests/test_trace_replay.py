@@ -12,15 +12,14 @@ pytest.importorskip("vllm")
 from benchmarks.host import trace_replay  # noqa: E402
 from benchmarks.host.report import trace_replay as trace_report  # noqa: E402
 from benchmarks.host.report.table import TARGETS  # noqa: E402
-from benchmarks.host.trace_replay import (  # noqa: E402
+from benchmarks.host.trace_jobs import (  # noqa: E402
     ReplayConfig,
-    eviction_cost,
     infinite_pool_hit_tokens,
     jobs_from_records,
     prompt_tokens,
-    replay,
-    runs_of_ids,
+    reuse_bound,
 )
+from benchmarks.host.trace_replay import eviction_cost, replay, runs_of_ids  # noqa: E402
 from harness.trace_file import TraceRecord  # noqa: E402
 
 HB = 512
@@ -73,7 +72,7 @@ def test_infinite_pool_reference() -> None:
     hit, prompt = infinite_pool_hit_tokens(jobs, 16, HB)
     assert prompt == 1024 + 1536 + 1000 + 300
     # 2nd: both blocks of the 1st (1024); 3rd: block 1 (512); 4th: 288 of block 1, capped at 299 -> 288
-    assert trace_replay.reuse_bound(jobs, 16, HB) == [0, 1024, 512, 288]
+    assert reuse_bound(jobs, 16, HB) == [0, 1024, 512, 288]
     assert hit == 1024 + 512 + 288
 
 
