@@ -217,6 +217,29 @@ class PagedSide:
 # ------------------------------------------------------------------------------------------------ the trace
 
 
+def _engine_stats(side: EngineSide, arr: np.ndarray, rejected: int, samples: int) -> dict[str, Any]:
+    """An engine side's placement measurements: free-range samples, in-place share, the engine's counters."""
+    stats = side.engine.stats()
+    return {
+        "largest_free_range_time_avg": float(arr[:, 1].mean()) if len(arr) else None,
+        "largest_free_range_min": int(arr[:, 1].min()) if len(arr) else None,
+        "external_fragmentation_time_avg": float(arr[:, 2].mean()) if len(arr) else None,
+        "external_fragmentation_max": float(arr[:, 2].max()) if len(arr) else None,
+        "decode_appends": side.decode_appends,
+        "decode_in_place_share": side.decode_in_place / side.decode_appends
+        if side.decode_appends
+        else None,
+        "in_place_growths": stats.in_place_growths,
+        "new_ranges": stats.new_ranges,
+        "merges": stats.merges,
+        "in_place_share_all_appends": stats.in_place_growths
+        / max(1, stats.in_place_growths + stats.new_ranges),
+        "requests_over_256_ranges": side.exceeded_cap,
+        "rejected": rejected,
+        "samples": samples,
+    }
+
+
 def simulate(
     side: EngineSide | PagedSide,
     jobs: list[Job],
@@ -331,27 +354,7 @@ def simulate(
         "max_ranges_live": int(arr[:, 3].max()) if len(arr) else None,
     }
     if isinstance(side, EngineSide):
-        stats = side.engine.stats()
-        out.update(
-            {
-                "largest_free_range_time_avg": float(arr[:, 1].mean()) if len(arr) else None,
-                "largest_free_range_min": int(arr[:, 1].min()) if len(arr) else None,
-                "external_fragmentation_time_avg": float(arr[:, 2].mean()) if len(arr) else None,
-                "external_fragmentation_max": float(arr[:, 2].max()) if len(arr) else None,
-                "decode_appends": side.decode_appends,
-                "decode_in_place_share": side.decode_in_place / side.decode_appends
-                if side.decode_appends
-                else None,
-                "in_place_growths": stats.in_place_growths,
-                "new_ranges": stats.new_ranges,
-                "merges": stats.merges,
-                "in_place_share_all_appends": stats.in_place_growths
-                / max(1, stats.in_place_growths + stats.new_ranges),
-                "requests_over_256_ranges": side.exceeded_cap,
-                "rejected": len(jobs) - len(finished_ranges),
-                "samples": len(samples),
-            }
-        )
+        out.update(_engine_stats(side, arr, len(jobs) - len(finished_ranges), len(samples)))
         side.engine.close()
     return out
 

@@ -60,6 +60,64 @@ def _pickled(obj: Any) -> int:
     return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 
 
+def host_copy_time(
+    timing: dict[str, Any], stock: BlockTable, tagma: RangeBlockTable, requests: int
+) -> dict[str, Any]:
+    """Host-side copy time of one step's block-table payload: dense rows vs range descriptors."""
+    dense_src = stock.block_table.cpu[:requests]
+    dense_dst = torch.empty_like(dense_src)
+    flat = tagma.range_rows.flat()
+    ranges_src, offsets_src = torch.from_numpy(flat.ranges.copy()), torch.from_numpy(flat.offsets.copy())
+    ranges_dst, offsets_dst = torch.empty_like(ranges_src), torch.empty_like(offsets_src)
+
+    def paged_copy(b: int) -> None:
+        for _ in range(b):
+            dense_dst.copy_(dense_src)
+
+    def ranges_copy(b: int) -> None:
+        for _ in range(b):
+            ranges_dst.copy_(ranges_src)
+            offsets_dst.copy_(offsets_src)
+
+    min_ns, max_batch = int(timing["min_sample_us"]) * 1000, int(timing["max_batch"])
+    bp = calibrate(lambda b: timed_ns(lambda: paged_copy(b)), min_ns, max_batch)
+    bt = calibrate(lambda b: timed_ns(lambda: ranges_copy(b)), min_ns, max_batch)
+    samples = interleaved(
+        {
+            "paged": lambda: timed_ns(lambda: paged_copy(bp)) / bp,
+            "tagma": lambda: timed_ns(lambda: ranges_copy(bt)) / bt,
+        },
+        int(timing["repeats"]),
+        int(timing["warmup"]),
+    )
+    return pair_entry(
+        samples["paged"],
+        samples["tagma"],
+        "us",
+        scale=1e-3,
+        op="host_copy_per_step",
+        paged_bytes=int(dense_src.nbytes),
+        tagma_bytes=int(ranges_src.nbytes + offsets_src.nbytes),
+    )
+
+
+def _ratios(mean: dict[str, float], admission: dict[str, float]) -> dict[str, float | None]:
+    """Per-step mean bytes, paged over ranges (None where the ranges side sent none)."""
+    return {
+        "worker_mrv1/worker_ranges": mean["worker_mrv1"] / mean["worker_ranges"]
+        if mean["worker_ranges"]
+        else None,
+        "worker_mrv2/worker_ranges": mean["worker_mrv2"] / mean["worker_ranges"]
+        if mean["worker_ranges"]
+        else None,
+        "tagma_plugin_now/worker_mrv1": mean["tagma_plugin_now"] / mean["worker_mrv1"],
+        "sched_paged/sched_ranges": mean["sched_paged"] / mean["sched_ranges"]
+        if mean["sched_ranges"]
+        else None,
+        "admission sched_paged/sched_ranges": admission["sched_paged"] / admission["sched_ranges"],
+    }
+
+
 def scenario(cfg: dict[str, Any], requests: int, context: int) -> dict[str, Any]:
     block_size = int(cfg["block_size"])
     tcfg = cfg["block_table_traffic"]
@@ -139,43 +197,8 @@ def scenario(cfg: dict[str, Any], requests: int, context: int) -> dict[str, Any]
     tagma.compute_slot_mapping(requests, qsl, positions)
     identical = bool(torch.equal(stock.slot_mapping.cpu[:requests], tagma.slot_mapping.cpu[:requests]))
 
-    # ---- host-side copy time of one step's block-table payload: dense rows vs descriptors
-    dense_src = stock.block_table.cpu[:requests]
-    dense_dst = torch.empty_like(dense_src)
+    copy_time = host_copy_time(cfg["timing"], stock, tagma, requests)
     flat = tagma.range_rows.flat()
-    ranges_src, offsets_src = torch.from_numpy(flat.ranges.copy()), torch.from_numpy(flat.offsets.copy())
-    ranges_dst, offsets_dst = torch.empty_like(ranges_src), torch.empty_like(offsets_src)
-
-    def paged_copy(b: int) -> None:
-        for _ in range(b):
-            dense_dst.copy_(dense_src)
-
-    def ranges_copy(b: int) -> None:
-        for _ in range(b):
-            ranges_dst.copy_(ranges_src)
-            offsets_dst.copy_(offsets_src)
-
-    timing = cfg["timing"]
-    min_ns, max_batch = int(timing["min_sample_us"]) * 1000, int(timing["max_batch"])
-    bp = calibrate(lambda b: timed_ns(lambda: paged_copy(b)), min_ns, max_batch)
-    bt = calibrate(lambda b: timed_ns(lambda: ranges_copy(b)), min_ns, max_batch)
-    samples = interleaved(
-        {
-            "paged": lambda: timed_ns(lambda: paged_copy(bp)) / bp,
-            "tagma": lambda: timed_ns(lambda: ranges_copy(bt)) / bt,
-        },
-        int(timing["repeats"]),
-        int(timing["warmup"]),
-    )
-    copy_time = pair_entry(
-        samples["paged"],
-        samples["tagma"],
-        "us",
-        scale=1e-3,
-        op="host_copy_per_step",
-        paged_bytes=int(dense_src.nbytes),
-        tagma_bytes=int(ranges_src.nbytes + offsets_src.nbytes),
-    )
     steps_out = {m: summarize(v, "bytes") for m, v in per_step.items()}
     for s in steps_out.values():
         s["mean"] = float(np.mean(s.pop("samples")))
@@ -190,19 +213,7 @@ def scenario(cfg: dict[str, Any], requests: int, context: int) -> dict[str, Any]
         "ranges_per_request": ranges_total / requests,
         "admission_bytes_per_request": admission,
         "per_step_bytes": steps_out,
-        "ratios": {
-            "worker_mrv1/worker_ranges": mean["worker_mrv1"] / mean["worker_ranges"]
-            if mean["worker_ranges"]
-            else None,
-            "worker_mrv2/worker_ranges": mean["worker_mrv2"] / mean["worker_ranges"]
-            if mean["worker_ranges"]
-            else None,
-            "tagma_plugin_now/worker_mrv1": mean["tagma_plugin_now"] / mean["worker_mrv1"],
-            "sched_paged/sched_ranges": mean["sched_paged"] / mean["sched_ranges"]
-            if mean["sched_ranges"]
-            else None,
-            "admission sched_paged/sched_ranges": admission["sched_paged"] / admission["sched_ranges"],
-        },
+        "ratios": _ratios(mean, admission),
         "host_copy_time": copy_time,
         "slot_mappings_identical": identical,
     }

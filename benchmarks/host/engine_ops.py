@@ -89,29 +89,8 @@ def _batch_for(op: BatchOp, timing: dict[str, Any]) -> int:
 # ------------------------------------------------------------------------------------------ tagma (ctypes)
 
 
-def tagma_ops(n: int, block_size: int) -> dict[str, BatchOp]:
-    ops: dict[str, BatchOp] = {}
-
-    layout = CoordLayout(num_layers=32, num_blocks=n + 1, block_size=block_size, bytes_per_token=4096)
-
-    def coord(batch: int) -> None:
-        offset = tagma_engine.coord_offset
-        for i in range(batch):
-            offset(layout, i & 31, i % n, i % block_size)
-
-    ops["coord_offset"] = BatchOp(coord)
-
-    alloc_engine = RangeEngine(2 * n + 64, policy=Policy.HEADROOM)
-
-    def alloc_release(batch: int) -> None:
-        eng = alloc_engine
-        for _ in range(batch):
-            r = eng.create_request()
-            eng.append(r, n)
-            eng.release(r)
-
-    ops["alloc_release"] = BatchOp(alloc_release)
-
+def _grow_in_place_op(n: int) -> BatchOp:
+    """One block appended in place to an n-block request, per op (engine.append)."""
     grow = BatchOp(_noop, blocks_per_op=1)
 
     def grow_setup(batch: int) -> None:
@@ -136,9 +115,11 @@ def tagma_ops(n: int, block_size: int) -> dict[str, BatchOp]:
         eng.close()
 
     grow.setup, grow.run, grow.teardown = grow_setup, grow_run, grow_teardown
-    ops["grow_in_place"] = grow
+    return grow
 
-    # The range manager's crossing for a decode block: the AppendBatch call its _flush makes.
+
+def _grow_in_place_batch_op(n: int) -> BatchOp:
+    """The range manager's crossing for a decode block: the AppendBatch call its _flush makes."""
     lean = BatchOp(_noop, blocks_per_op=1)
 
     def lean_setup(batch: int) -> None:
@@ -165,8 +146,11 @@ def tagma_ops(n: int, block_size: int) -> dict[str, BatchOp]:
         eng.close()
 
     lean.setup, lean.run, lean.teardown = lean_setup, lean_run, lean_teardown
-    ops["grow_in_place_batch"] = lean
+    return lean
 
+
+def _append_new_range_op(n: int) -> BatchOp:
+    """One block appended as a new range (the block after the owner's range is taken)."""
     new_range = BatchOp(_noop, blocks_per_op=n + 2)
 
     def new_range_setup(batch: int) -> None:
@@ -191,24 +175,11 @@ def tagma_ops(n: int, block_size: int) -> dict[str, BatchOp]:
         eng.close()
 
     new_range.setup, new_range.run, new_range.teardown = new_range_setup, new_range_run, new_range_teardown
-    ops["append_new_range"] = new_range
+    return new_range
 
-    for cache_only in (False, True):
-        eng = RangeEngine(n + 64, policy=Policy.HEADROOM)
-        owner = eng.create_request()
-        prefix = eng.append(owner, n).new_blocks.copy()
-        if cache_only:
-            eng.cache_mark(prefix)
-            eng.release(owner)
 
-        def share(batch: int, eng: RangeEngine = eng, prefix: np.ndarray = prefix) -> None:
-            for _ in range(batch):
-                r = eng.create_request()
-                eng.attach(r, prefix)
-                eng.release(r)
-
-        ops["prefix_hit_release" if cache_only else "prefix_share_release"] = BatchOp(share)
-
+def _evict_range_op(n: int) -> BatchOp:
+    """n cached blocks evicted as one range, per op."""
     evict = BatchOp(_noop, blocks_per_op=n)
 
     def evict_setup(batch: int) -> None:
@@ -229,7 +200,57 @@ def tagma_ops(n: int, block_size: int) -> dict[str, BatchOp]:
         evict.state.pop("engine").close()
 
     evict.setup, evict.run, evict.teardown = evict_setup, evict_run, evict_teardown
-    ops["evict_range"] = evict
+    return evict
+
+
+def _prefix_ops(n: int) -> dict[str, BatchOp]:
+    """Attach an n-block prefix to a new request and release it: shared with a live owner, or cached only."""
+    ops: dict[str, BatchOp] = {}
+    for cache_only in (False, True):
+        eng = RangeEngine(n + 64, policy=Policy.HEADROOM)
+        owner = eng.create_request()
+        prefix = eng.append(owner, n).new_blocks.copy()
+        if cache_only:
+            eng.cache_mark(prefix)
+            eng.release(owner)
+
+        def share(batch: int, eng: RangeEngine = eng, prefix: np.ndarray = prefix) -> None:
+            for _ in range(batch):
+                r = eng.create_request()
+                eng.attach(r, prefix)
+                eng.release(r)
+
+        ops["prefix_hit_release" if cache_only else "prefix_share_release"] = BatchOp(share)
+    return ops
+
+
+def tagma_ops(n: int, block_size: int) -> dict[str, BatchOp]:
+    ops: dict[str, BatchOp] = {}
+
+    layout = CoordLayout(num_layers=32, num_blocks=n + 1, block_size=block_size, bytes_per_token=4096)
+
+    def coord(batch: int) -> None:
+        offset = tagma_engine.coord_offset
+        for i in range(batch):
+            offset(layout, i & 31, i % n, i % block_size)
+
+    ops["coord_offset"] = BatchOp(coord)
+
+    alloc_engine = RangeEngine(2 * n + 64, policy=Policy.HEADROOM)
+
+    def alloc_release(batch: int) -> None:
+        eng = alloc_engine
+        for _ in range(batch):
+            r = eng.create_request()
+            eng.append(r, n)
+            eng.release(r)
+
+    ops["alloc_release"] = BatchOp(alloc_release)
+    ops["grow_in_place"] = _grow_in_place_op(n)
+    ops["grow_in_place_batch"] = _grow_in_place_batch_op(n)
+    ops["append_new_range"] = _append_new_range_op(n)
+    ops.update(_prefix_ops(n))
+    ops["evict_range"] = _evict_range_op(n)
     return ops
 
 
