@@ -78,7 +78,7 @@ class Engine {
   void lru_order(int32_t* out, int64_t capacity, int64_t* num_blocks) const;
   void ranges_histogram(int64_t* out, int64_t capacity) const;
 
-  // Prefix index (prefix_index.cpp); see tagma_prefix_* in tagma.h.
+  // Prefix index (engine_prefix.cpp); see tagma_prefix_* in tagma.h.
   void prefix_enable(int64_t block_size, int32_t eviction_mode);
   void prefix_set_eviction_mode(int32_t eviction_mode);
   int64_t prefix_lookup(uint64_t ns, const int32_t* tokens, int64_t num_tokens, int64_t max_blocks, int32_t* ids_out);
@@ -89,7 +89,7 @@ class Engine {
   tagma_prefix_stats prefix_stats() const;
 
  private:
-  // prefix_index.cpp: the prefix index, when enabled; it owns every cache reference then.
+  // engine_prefix.cpp: the prefix index, when enabled; it owns every cache reference then.
   PrefixIndex& prefix_index();
   int64_t prefix_walk(uint64_t ns, const int32_t* tokens, int64_t num_tokens, int64_t max_blocks, int32_t* out);
   void prefix_forget(uint64_t id);

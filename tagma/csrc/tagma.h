@@ -270,7 +270,8 @@ tagma_status tagma_coord_offset(const tagma_coord_layout *layout, int64_t layer,
                                 int64_t *out_offset);
 
 
-/* ---- prefix index (prefix_index.cpp): cached full blocks found by their token ids, no hashing.
+/* ---- prefix index (engine_prefix.cpp; the trie in prefix_index.cpp): cached full blocks found by their
+ * token ids, no hashing.
  *
  * An engine may carry one prefix index, enabled once with tagma_prefix_enable (align must be 1). It is a
  * trie per namespace whose nodes are full blocks: a node stores its block's block_size token ids and is
