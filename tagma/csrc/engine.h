@@ -40,6 +40,12 @@ struct Counters {
   int64_t appended_blocks = 0;
 };
 
+// Growth hints are advisory: the engine reads min(hint, kMaxHint). A pool holds fewer than 2^31 blocks, so any
+// hint past 100 * the pool already behaves as an unbounded one (RESERVE admission asks for at least 1% of
+// it); the cap keeps every sum and product on a hint far inside int64 (see tagma_request_append_runs).
+constexpr int64_t kMaxHint = int64_t{1} << 40;
+inline int64_t clamp_hint(int64_t hint) { return hint < kMaxHint ? hint : kMaxHint; }
+
 class Engine {
  public:
   Engine(int64_t num_blocks, int64_t align, int32_t policy);
