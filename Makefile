@@ -11,7 +11,7 @@ CSRC := $(wildcard tagma/csrc/*.h tagma/csrc/*.cpp tagma/csrc/*.map tagma/csrc/C
 	tagma/csrc/tests/*.h tagma/csrc/bench/*.cpp)
 JOBS ?= 2
 
-.PHONY: setup engine tiny-model test test-fast test-cpp sanitize lint clean bench-cpu bench-cpu-128k \
+.PHONY: setup engine tiny-model test test-fast test-cpp sanitize fuzz lint clean bench-cpu bench-cpu-128k \
 	bench-cpu-mooncake bench-gpu bench-host bench-inserver bench-gpu-kernels plots sweep sweep-report
 
 setup: $(SETUP_STAMP) $(ENGINE_LIB)
@@ -55,6 +55,17 @@ sanitize:
 	cmake -S tagma/csrc -B build/sanitize -DCMAKE_BUILD_TYPE=Debug -DTAGMA_SANITIZE=ON > /dev/null
 	cmake --build build/sanitize -j$(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 build/sanitize/tagma_tests
+
+# The C ABI fuzzer on the sanitizer build: random and adversarial call sequences against a reference model
+# (tagma/csrc/tests/fuzz_abi.cpp). FUZZ_SECONDS is the budget, FUZZ_SEED picks the sequence (a finding
+# prints the seed, episode and step to replay: build/sanitize/tagma_fuzz --seed N --seconds S).
+FUZZ_SECONDS ?= 60
+FUZZ_SEED ?= 1
+fuzz:
+	cmake -S tagma/csrc -B build/sanitize -DCMAKE_BUILD_TYPE=Debug -DTAGMA_SANITIZE=ON > /dev/null
+	cmake --build build/sanitize -j$(JOBS) --target tagma_fuzz
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+		build/sanitize/tagma_fuzz --seed $(FUZZ_SEED) --seconds $(FUZZ_SECONDS)
 
 # The main job: paged vs tagma on the tiny model, real 16K ShareGPT prompts, the paired design (~20 min here).
 # Hydra overrides pass through: make bench-cpu ARGS="workload.num_requests=40 run.repeats=3"

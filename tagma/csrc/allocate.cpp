@@ -52,9 +52,15 @@ int64_t Engine::append_runs(uint64_t id, int64_t count, int64_t hint, int32_t* r
     fail(TAGMA_E_STATE, "count ", count, " would evict cache-only blocks (", free_list_.free_blocks(),
          " free): use tagma_request_append, which reports evictions");
   }
+  // Before anything is sized by it: from here count < 2^31 (append() would refuse it the same way).
+  if (free_list_.free_blocks() + lru_.size() < count) {
+    fail(TAGMA_E_NO_SPACE, "count ", count, " exceeds ", free_list_.free_blocks(), " free + ", lru_.size(),
+         " cache-only blocks");
+  }
+  hint = clamp_hint(hint);
   append_scratch_.resize(static_cast<size_t>(count));  // may throw bad_alloc: nothing changed yet
   // The hint is also remembered as the request's expected size: RESERVE keeps its remaining blocks free
-  // for it while later appends (with or without a hint) grow it.
+  // for it while later appends (with or without a hint) grow it. At most 2^31 + kMaxHint: no overflow.
   const int64_t expected_before = request.expected_blocks();
   if (hint > 0) request.set_expected_blocks(request.num_blocks() + std::max(hint, count));
   growth_hint_ = hint;
@@ -177,7 +183,12 @@ void Engine::allocate_free(uint64_t id, Request& request, int64_t count, int32_t
 bool Engine::admissible(uint64_t id, const Request& request, int64_t count) const {
   if (policy_ != Policy::kReserve) return true;
   const int64_t usable = geometry_.end_usable - geometry_.first_usable;
-  const int64_t share = (request.expected_blocks() * admission_percent_ + 99) / 100;
+  // expected_blocks() <= 2^31 + kMaxHint (clamped hints), so the product is far inside int64; saturate anyway
+  // rather than trust every caller of set_expected_blocks.
+  int64_t product = 0;
+  const int64_t share = __builtin_mul_overflow(request.expected_blocks(), int64_t{admission_percent_}, &product)
+                            ? usable
+                            : product / 100 + (product % 100 != 0 ? 1 : 0);
   const int64_t want = std::min(std::max(share, count), usable);
   if (admission_pieces_ <= 1) {
     int tier = 0;

@@ -114,8 +114,9 @@ void Engine::append_runs_batch(const tagma_append_batch& batch) {
     Request& request = find_request(id);
     const int64_t first = request.num_blocks();
     {
-      const int64_t hint = batch.hints != nullptr ? batch.hints[i] : 0;
-      // As tagma_request_append_runs: a hint is also the request's expected size from here (RESERVE).
+      const int64_t hint = batch.hints != nullptr ? clamp_hint(batch.hints[i]) : 0;
+      // As tagma_request_append_runs: a hint is also the request's expected size from here (RESERVE). The
+      // counts were checked against the free blocks and the hint is clamped: the sum cannot overflow.
       if (hint > 0) request.set_expected_blocks(first + std::max(hint, batch.counts[i]));
       const HintScope scope(growth_hint_, hint);
       allocate(id, request, batch.counts[i], nullptr);

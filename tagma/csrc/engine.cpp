@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "error.h"
-#include "prefix_index.h"  // complete type for the constructors
+#include "prefix_index.h"  // complete type for the constructors and the destructor
 
 namespace tagma {
 
@@ -34,6 +34,8 @@ Engine::Engine(const Geometry& geometry, Policy policy)
       cache_refs_(static_cast<size_t>(geometry.num_blocks), 0),
       free_list_(geometry.first_usable, geometry.end_usable, geometry.align),
       lru_(geometry.num_blocks) {}
+
+Engine::~Engine() = default;
 
 void Engine::set_policy(int32_t policy) {
   const Policy parsed = parse_policy(policy);

@@ -40,6 +40,12 @@ struct Counters {
   int64_t appended_blocks = 0;
 };
 
+// Growth hints are advisory: the engine reads min(hint, kMaxHint). A pool holds fewer than 2^31 blocks, so any
+// hint past 100 * the pool already behaves as an unbounded one (RESERVE admission asks for at least 1% of
+// it); the cap keeps every sum and product on a hint far inside int64 (see tagma_request_append_runs).
+constexpr int64_t kMaxHint = int64_t{1} << 40;
+inline int64_t clamp_hint(int64_t hint) { return hint < kMaxHint ? hint : kMaxHint; }
+
 class Engine {
  public:
   Engine(int64_t num_blocks, int64_t align, int32_t policy);
@@ -78,7 +84,7 @@ class Engine {
   void lru_order(int32_t* out, int64_t capacity, int64_t* num_blocks) const;
   void ranges_histogram(int64_t* out, int64_t capacity) const;
 
-  // Prefix index (prefix_index.cpp); see tagma_prefix_* in tagma.h.
+  // Prefix index (engine_prefix.cpp); see tagma_prefix_* in tagma.h.
   void prefix_enable(int64_t block_size, int32_t eviction_mode);
   void prefix_set_eviction_mode(int32_t eviction_mode);
   int64_t prefix_lookup(uint64_t ns, const int32_t* tokens, int64_t num_tokens, int64_t max_blocks, int32_t* ids_out);
@@ -89,7 +95,7 @@ class Engine {
   tagma_prefix_stats prefix_stats() const;
 
  private:
-  // prefix_index.cpp: the prefix index, when enabled; it owns every cache reference then.
+  // engine_prefix.cpp: the prefix index, when enabled; it owns every cache reference then.
   PrefixIndex& prefix_index();
   int64_t prefix_walk(uint64_t ns, const int32_t* tokens, int64_t num_tokens, int64_t max_blocks, int32_t* out);
   void prefix_forget(uint64_t id);

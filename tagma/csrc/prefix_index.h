@@ -7,7 +7,7 @@
 // the children sharing that first token, walked comparing whole blocks. New children go after the first in
 // the child list, so every child is either its parent's first child or in the table.
 // Every table is sized when the index is built (a node per block at most), so adding a node never
-// allocates. This class knows nothing of reference counts: the engine (prefix_index.cpp) keeps them.
+// allocates. This class knows nothing of reference counts: the engine (engine_prefix.cpp) keeps them.
 #ifndef TAGMA_PREFIX_INDEX_H
 #define TAGMA_PREFIX_INDEX_H
 

@@ -20,6 +20,11 @@
  *   - Engines are named by opaque 64-bit handles that are never reused; a destroyed or unknown handle
  *     yields TAGMA_E_INVALID_HANDLE. Request ids are engine-assigned, never reused within an engine.
  *   - Block ids are int32; positions, slots and counts of tokens are int64.
+ *   - Any value of an argument's C type is safe to pass: no calculation on caller-supplied counts, hints,
+ *     positions or indices can overflow or wrap. A count that cannot fit is TAGMA_E_NO_SPACE (checked before
+ *     any buffer is sized by it), an index outside its bounds TAGMA_E_OUT_OF_RANGE, a sum or product that
+ *     would leave int64 TAGMA_E_OVERFLOW; growth hints are advisory and clamped (tagma_request_append_runs).
+ *     Enum arguments (policy, eviction mode) outside their defined values are TAGMA_E_INVALID_ARG.
  *
  * Concurrency
  *   - tagma_engine_create / tagma_engine_destroy and handle lookup are thread-safe (a global registry
@@ -182,7 +187,11 @@ tagma_status tagma_ranges_histogram(tagma_engine_handle h, int64_t *out, int64_t
  * the last range cannot grow in place and hint exceeds what remains to place, the new range goes into the
  * smallest free range that can hold the whole hint (in the middle of its slack) so that later appends grow
  * in place; when none can, the engine's policy places it as without a hint (with the prefix index in
- * TAGMA_EVICT_CONTIGUOUS mode, that mode's placement reads the hint instead). */
+ * TAGMA_EVICT_CONTIGUOUS mode, that mode's placement reads the hint instead). Any hint >= 0 is accepted and read
+ * as min(hint, 2^40): a pool has fewer than 2^31 blocks, so every hint past 100 times the pool (RESERVE admission
+ * asks for at least 1% of it) already means "more than the pool", and the cap keeps the engine's arithmetic on
+ * hints (expected size = blocks held + max(hint, count), admission's percent of it) inside int64. A count over
+ * the free + cache-only blocks is TAGMA_E_NO_SPACE, whatever capacity claims. */
 tagma_status tagma_request_append_runs(tagma_engine_handle h, uint64_t request, int64_t count, int64_t hint,
                                        int32_t *runs_out, int64_t capacity, int64_t *num_runs);
 
@@ -195,7 +204,8 @@ tagma_status tagma_request_append_runs(tagma_engine_handle h, uint64_t request, 
  * consecutive ids in logical order: (start, count) int32 pairs runs_out[2 * run_offsets[i] ..
  * 2 * run_offsets[i + 1]) (run_offsets has num_requests + 1 entries, run_offsets[0] = 0).
  * All-or-nothing: every entry is validated before anything changes (h, requests that exist, counts > 0 and
- * multiples of align, hints >= 0, runs_capacity >= the sum of counts, the sum within the free blocks);
+ * multiples of align, hints >= 0 (clamped as in tagma_request_append_runs), runs_capacity >= the sum of
+ * counts (the sum saturates: it never wraps), the sum within the free blocks);
  * like tagma_request_append_runs the batch never evicts: when the sum exceeds the free blocks it fails with
  * TAGMA_E_STATE if cache-only blocks exist, else TAGMA_E_NO_SPACE. With the prefix index enabled it evicts
  * as the index's mode says (the sum must be within the free + cache-only blocks, else TAGMA_E_NO_SPACE). On error nothing changed (no request
@@ -270,7 +280,8 @@ tagma_status tagma_coord_offset(const tagma_coord_layout *layout, int64_t layer,
                                 int64_t *out_offset);
 
 
-/* ---- prefix index (prefix_index.cpp): cached full blocks found by their token ids, no hashing.
+/* ---- prefix index (engine_prefix.cpp; the trie in prefix_index.cpp): cached full blocks found by their
+ * token ids, no hashing.
  *
  * An engine may carry one prefix index, enabled once with tagma_prefix_enable (align must be 1). It is a
  * trie per namespace whose nodes are full blocks: a node stores its block's block_size token ids and is
