@@ -1,0 +1,169 @@
+"""What one cell of the regime map measured: verdicts with their power, where a step's time goes, and the
+e2e change the in-server components predict beside the one measured.
+
+* Verdicts: the cell's runs are plain ABBA runs (one per server lifetime), so :func:`harness.compare`'s
+  run-level comparisons apply; the cell's primary family (``MAP_PRIMARY``) is Holm-corrected within the cell.
+* Minimum detectable effect (MDE): the relative change the cell would call with 80% probability at its
+  size, from its own interval: a two-sided level-alpha interval of half-width ``h`` on the log scale has a
+  standard error ``h / z(1 - alpha/2)``, and an effect of ``(z(1 - alpha/2) + z(0.8))`` standard errors is
+  detected 80% of the time, so ``MDE = exp(h (1 + z(0.8) / z(1 - alpha/2))) - 1`` (1.43 h at alpha 0.05).
+  The run-level t interval is wider than the normal one at few runs, so this is the MDE of a normal test
+  with that interval's width: it states what the cell can resolve, not a power guarantee. A cell's A/A (the
+  same cell and size with both arms paged, where the profile runs one) checks the rule: its verdicts count
+  the false calls, and its MDE is reported beside the A/B's.
+* Step composition (per busy step, mean over the arm's runs): KV manager, the rest of ``schedule()``, the rest
+  of ``update_from_output()`` (scheduler thread CPU), the worker's input preparation (worker CPU), and the
+  model forward = the worker's ``execute_model`` wall time minus its input preparation. Host work = all but
+  the forward. On this CPU the step is serial (schedule, execute, update), so the predicted ratio of a
+  step's time is the candidate's host work plus the baseline's forward over the baseline's whole step
+  (the forward is the same code on both arms), and the predicted TPOT and throughput ratios follow it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+from harness.compare import ARMS, comparisons, host_time_comparisons, load_runs, ok_runs
+from harness.files import read_json
+from harness.host_time import load_run
+from harness.statistics import Comparison, holm
+
+__all__ = ["MAP_PRIMARY", "STEP_PARTS", "analyse_cell", "mde", "segment_steps"]
+
+MAP_PRIMARY = ("output_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms")
+Z_POWER = NormalDist().inv_cdf(0.8)
+# part of a step -> per-step column (ns) of harness.host_time.load_run
+STEP_PARTS = {
+    "kv_manager": "kv_manager_total_ns_net",
+    "schedule_other": "schedule_other_ns_net",
+    "update_other": "update_other_ns_net",
+    "worker_prepare": "worker_prepare_ns_net",
+}
+HOST_PARTS = tuple(STEP_PARTS)
+
+
+def mde(c: Comparison, alpha: float = 0.05) -> float | None:
+    """The cell's minimum detectable effect for this comparison (0.1 = 10%), from its interval."""
+    if c.ci_low is None or c.ci_high is None or c.ci_low <= 0:
+        return None
+    h = (math.log(c.ci_high) - math.log(c.ci_low)) / 2
+    return math.exp(h * (1 + Z_POWER / NormalDist().inv_cdf(1 - alpha / 2))) - 1
+
+
+def segment_steps(run: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
+    """The busy steps of a run (a map segment: its lifetime's steps inside its time window), per part in us,
+    plus ``forward`` (execute wall minus worker preparation) and ``num_reqs``; None without host time."""
+    d = Path(run["dir"])
+    host_dir = (d / run["host_time_dir"]).resolve() if run.get("host_time_dir") else d
+    try:
+        host = load_run(host_dir)
+    except (FileNotFoundError, ValueError):
+        return None
+    s = host.steps
+    keep = s["num_tokens"] > 0
+    keep &= s["end_ns"] >= int(run.get("replay_start_ns") or 0)
+    if run.get("replay_end_ns"):
+        keep &= s["end_ns"] <= int(run["replay_end_ns"])
+    if not keep.any():
+        return None
+    out = {name: s[col][keep] / 1000.0 for name, col in STEP_PARTS.items() if col in s}
+    if "execute_wall_ns" in s and "worker_prepare" in out:
+        out["forward"] = np.maximum(s["execute_wall_ns"][keep] / 1000.0 - out["worker_prepare"], 0.0)
+    out["num_reqs"] = s["num_reqs"][keep].astype(float)
+    return out
+
+
+def step_composition(runs: Sequence[dict], arm: str, backends: Sequence[str]) -> dict[str, Any] | None:
+    """Mean us per busy step of each part, averaged over the arm's runs (each run weighs the same)."""
+    per_run = [s for r in ok_runs(runs, arm, backends) if (s := segment_steps(r)) is not None]
+    if not per_run:
+        return None
+    parts = [p for p in (*HOST_PARTS, "forward") if all(p in s for s in per_run)]
+    means = {p: float(np.mean([s[p].mean() for s in per_run])) for p in parts}
+    host = sum(means[p] for p in HOST_PARTS if p in means)
+    step = host + means.get("forward", 0.0)
+    return {
+        "us_per_step": means,
+        "host_us_per_step": host,
+        "step_us": step,
+        "host_share": host / step if step > 0 and "forward" in means else None,
+        "mean_running": float(np.mean([s["num_reqs"].mean() for s in per_run])),
+        "steps": int(sum(len(s["num_reqs"]) for s in per_run)),
+        "runs": len(per_run),
+    }
+
+
+def predicted_step_ratio(base: Mapping[str, Any] | None, cand: Mapping[str, Any] | None) -> float | None:
+    """Candidate step time over baseline's, from host parts alone (the forward taken as the baseline's)."""
+    if not base or not cand or base.get("host_share") is None:
+        return None
+    fwd = base["us_per_step"]["forward"]
+    return (cand["host_us_per_step"] + fwd) / (base["host_us_per_step"] + fwd)
+
+
+def _row(c: Comparison, alpha: float) -> dict[str, Any]:
+    return {
+        "ratio": c.ratio,
+        "ci": [c.ci_low, c.ci_high],
+        "verdict": c.verdict,
+        "reason": c.reason,
+        "p_adjusted": c.p_adjusted,
+        "mde": mde(c, alpha),
+        "runs": [c.runs_baseline, c.runs_candidate],
+        "baseline": c.baseline,
+        "candidate": c.candidate,
+        "samples": c.samples,
+    }
+
+
+def analyse_cell(cell_dir: Path, n_boot: int = 200) -> dict[str, Any]:
+    """Everything the findings say about one cell, from its run directory."""
+    config = read_json(cell_dir / "config.json")
+    config = {**config, "run": {**config["run"], "primary_metrics": list(MAP_PRIMARY)}}
+    alpha = float(config["run"].get("alpha", 0.05))
+    backends = tuple(config["backends"])
+    runs = load_runs(cell_dir)
+    rows = [c for c in comparisons(runs, config, n_boot) if c.metric in MAP_PRIMARY]
+    rows = holm(rows, alpha=alpha)  # the cell's own family: the five metrics above
+    host_rows = host_time_comparisons(runs, config, n_boot)
+    comp = {a: step_composition(runs, a, backends) for a in ARMS}
+    predicted = predicted_step_ratio(comp[ARMS[0]], comp[ARMS[1]])
+    metrics = {c.metric: _row(c, alpha) for c in rows}
+    measured_tpot = metrics.get("p50_tpot_ms", {}).get("ratio")
+    return {
+        "cell": config["regime"]["cell"],
+        "group": config["regime"]["group"],
+        "prefix_caching": config["regime"]["prefix_caching"],
+        "backends": list(backends),
+        "aa": backends[0] == backends[1],
+        "runs": {a: [Path(r["dir"]).name for r in ok_runs(runs, a, backends)] for a in ARMS},
+        "failed_runs": [
+            {"run": Path(r["dir"]).name, "reason": (r.get("reason") or "").splitlines()[:1]}
+            for r in runs
+            if r["status"] != "ok"
+        ],
+        "metrics": metrics,
+        "host": {c.metric: _row(c, alpha) for c in host_rows},
+        "composition": comp,
+        "prediction": {
+            "step_ratio": predicted,
+            "measured_p50_tpot_ratio": measured_tpot,
+            "measured_throughput_ratio": metrics.get("output_throughput", {}).get("ratio"),
+        },
+        "rate": read_json(cell_dir / "runs" / _first_ok(runs) / "summary.json").get("request_rate")
+        if _first_ok(runs)
+        else None,
+    }
+
+
+def _first_ok(runs: Sequence[dict]) -> str | None:
+    for r in runs:
+        if r["status"] == "ok":
+            return Path(r["dir"]).name
+    return None

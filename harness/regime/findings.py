@@ -1,0 +1,58 @@
+"""`python -m harness.regime.findings` (make findings): FINDINGS.md and its figures from the maps it names.
+
+The sources are ``findings/sources.yaml``: the collected maps (``findings/maps/<map id>.json``, written by
+:mod:`harness.regime.collect`) and the GPU projection's published inputs. Every number in the document is
+read from those files, and every table row names the run it came from (``<map id>/<job>``, its runs, the
+commit and the machine), so the document can be checked against them line by line.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.files import read_json, write_text_atomic
+from harness.regime.collect import REPO, structure_problems
+from harness.regime.figures import write_figures
+from harness.regime.text import document
+
+__all__ = ["load_sources", "main", "render"]
+
+SOURCES = REPO / "findings" / "sources.yaml"
+
+
+def load_sources(path: Path = SOURCES) -> dict[str, Any]:
+    """The sources file with its maps read (paths relative to the file's folder)."""
+    spec = yaml.safe_load(path.read_text())
+    base = path.parent
+    maps = [read_json(base / m) for m in spec.get("maps") or ()]
+    for m, name in zip(maps, spec.get("maps") or (), strict=True):
+        if problems := structure_problems(m):
+            raise ValueError(f"{name}: " + "; ".join(problems[:5]))
+    return {**spec, "maps": maps, "map_files": list(spec.get("maps") or ())}
+
+
+def render(sources: dict[str, Any], out: Path, figures_dir: Path) -> Path:
+    """Write the figures, then the document that shows them; returns the document's path."""
+    figures = write_figures(sources["maps"], figures_dir)
+    rel = {k: Path(v).relative_to(out.parent).as_posix() for k, v in figures.items()}
+    write_text_atomic(out, document(sources, rel))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sources", type=Path, default=SOURCES)
+    p.add_argument("--out", type=Path, default=REPO / "FINDINGS.md")
+    p.add_argument("--figures", type=Path, default=None, help="default: <out's folder>/findings/figures")
+    args = p.parse_args(argv)
+    figures_dir = args.figures or args.out.parent / "findings" / "figures"
+    print(render(load_sources(args.sources), args.out, figures_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,300 @@
+"""FINDINGS.md's text from the collected maps: the answer first, then the map, its calibration, where a step
+goes, predicted against measured, and a GPU projection on paper. Every number is read from a map record;
+every row names its run (``<map id>/<job>``) so it can be traced to the raw results and the commit."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from harness.regime.figures import ab_cells
+
+__all__ = ["document", "fmt_metric", "headline"]
+
+METRICS = (
+    ("output_throughput", "throughput"),
+    ("p50_ttft_ms", "TTFT p50"),
+    ("p99_ttft_ms", "TTFT p99"),
+    ("p50_tpot_ms", "TPOT p50"),
+    ("p99_tpot_ms", "TPOT p99"),
+)
+SUPPORTED = ("faster", "slower", "higher", "lower")
+PARTS = ("kv_manager", "schedule_other", "update_other", "worker_prepare", "forward")
+
+
+def _f(x: float | None, digits: int = 3) -> str:
+    return "n/a" if x is None else f"{x:.{digits}g}"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0%}"
+
+
+def fmt_metric(row: Mapping[str, Any] | None) -> str:
+    """``0.981 [0.94, 1.02] inconclusive, MDE 6%``: ratio tagma/paged, 95% interval, verdict, minimum
+    detectable effect."""
+    if not row or row.get("ratio") is None:
+        return "n/a" + (f" ({row.get('reason')})" if row and row.get("reason") else "")
+    lo, hi = row.get("ci") or (None, None)
+    ci = f" [{_f(lo)}, {_f(hi)}]" if lo is not None else ""
+    mde = f", MDE {_pct(row.get('mde'))}" if row.get("mde") is not None else ""
+    return f"{_f(row['ratio'])}{ci} **{row['verdict']}**{mde}"
+
+
+def _cell_label(c: Mapping[str, Any]) -> str:
+    cell = c["cell"]
+    if cell["load"] == "closed":
+        return f"closed c={cell['concurrency']}, {cell['prompt_tokens']} tok"
+    if cell["load"] == "open":
+        rate = f" = {c['rate']:.3g} req/s" if c.get("rate") else ""
+        return f"open {cell['knee_fraction']:g}x knee{rate}, {cell['prompt_tokens']} tok"
+    return f"trace {cell['name']}"
+
+
+def headline(maps: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Counts behind the answer: verdicts over the A/B cells' metrics, the A/A's false calls, the bounds."""
+    verdicts: dict[str, int] = {}
+    supported, mdes = [], []
+    for _, job, c in ab_cells(maps):
+        for metric, row in c["metrics"].items():
+            verdicts[row["verdict"]] = verdicts.get(row["verdict"], 0) + 1
+            if row["verdict"] in SUPPORTED:
+                supported.append((job, c, metric, row))
+            if row.get("mde") is not None:
+                mdes.append((row["mde"], job, c, metric))
+    aa_calls = [(job, c, m, r) for _, job, c in ab_cells(maps, aa=True) for m, r in c["metrics"].items()]
+    false = [x for x in aa_calls if x[3]["verdict"] in SUPPORTED]
+    return {
+        "verdicts": verdicts,
+        "supported": supported,
+        "mdes": sorted(mdes, key=lambda x: x[0]),
+        "aa_metrics": len(aa_calls),
+        "aa_false": false,
+        "cells": sum(1 for _ in ab_cells(maps)),
+    }
+
+
+def _answer(maps: Sequence[dict[str, Any]]) -> list[str]:
+    h = headline(maps)
+    lines = ["## The answer", ""]
+    counts = ", ".join(f"{n} {v}" for v, n in sorted(h["verdicts"].items()))
+    lines.append(
+        f"- {h['cells']} A/B cells, 5 primary metrics each (Holm within the cell): {counts or 'none'}."
+    )
+    if h["supported"]:
+        lines.append("- Supported differences (tagma / paged, 95% interval):")
+        for job, c, metric, row in h["supported"]:
+            lines.append(
+                f"  - {job['group']} {_cell_label(c)}, {metric}: {fmt_metric(row)} (run {job['run_id']})"
+            )
+    else:
+        lines.append("- No cell shows a supported difference in what a user sees.")
+    if h["mdes"]:
+        best, worst = h["mdes"][0], h["mdes"][-1]
+        lines.append(
+            f"- Resolution: the smallest minimum detectable effect is {_pct(best[0])} ({best[1]['group']} "
+            f"{_cell_label(best[2])}, {best[3]}); the largest {_pct(worst[0])} ({worst[1]['group']} "
+            f"{_cell_label(worst[2])}, {worst[3]}). An inconclusive cell cannot hide an effect above its "
+            "MDE with more than 20% probability; below it, the cell says nothing."
+        )
+    if h["aa_metrics"]:
+        lines.append(
+            f"- Calibration: {len(h['aa_false'])} false verdicts in {h['aa_metrics']} A/A metric tests "
+            f"(paged vs paged, same cells and sizes; 5% per cell family expected at most)."
+        )
+    else:
+        lines.append(
+            "- Calibration: these maps ran no A/A; the MDEs rest on the A/B cells' own run-to-run spread."
+        )
+    return [*lines, ""]
+
+
+def _map_table(maps: Sequence[dict[str, Any]], aa: bool) -> list[str]:
+    head = (
+        "| group | cell | requests x runs | "
+        + " | ".join(n for _, n in METRICS)
+        + " | host share paged / tagma | run |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for _, job, c in ab_cells(maps, aa=aa):
+        comp = c.get("composition") or {}
+        shares = " / ".join(_pct((comp.get(a) or {}).get("host_share")) for a in ("baseline", "candidate"))
+        runs = c["metrics"].get("output_throughput", {}).get("runs") or [len(v) for v in c["runs"].values()]
+        metrics = " | ".join(fmt_metric(c["metrics"].get(m)) for m, _ in METRICS)
+        lines.append(
+            f"| {job['group']} | {_cell_label(c)} | {c['cell']['num_requests']} x {runs} | {metrics} | "
+            f"{shares} | {job['run_id']} |"
+        )
+    return lines
+
+
+def _composition(maps: Sequence[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| group | cell | arm | " + " | ".join(PARTS) + " | host share | mean running | steps | run |",
+        "|" + "---|" * (len(PARTS) + 7),
+    ]
+    for _, job, c in ab_cells(maps):
+        for arm, comp in (c.get("composition") or {}).items():
+            if not comp:
+                continue
+            backend = c["backends"][0 if arm == "baseline" else 1]
+            parts = " | ".join(_f(comp["us_per_step"].get(p)) for p in PARTS)
+            lines.append(
+                f"| {job['group']} | {_cell_label(c)} | {backend} | {parts} | {_pct(comp['host_share'])} | "
+                f"{_f(comp['mean_running'])} | {comp['steps']} | {job['run_id']} |"
+            )
+    return lines
+
+
+def _attribution(maps: Sequence[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| group | cell | KV manager / step | schedule_other / step | predicted step ratio "
+        "| measured TPOT p50 | "
+        "prediction inside the interval | run |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for _, job, c in ab_cells(maps):
+        pred = c["prediction"].get("step_ratio")
+        tpot = c["metrics"].get("p50_tpot_ms") or {}
+        lo, hi = tpot.get("ci") or (None, None)
+        inside = "n/a" if pred is None or lo is None else ("yes" if lo <= pred <= hi else "**no**")
+        kv = fmt_metric(c["host"].get("kv_manager_us_per_step_mean"))
+        so = fmt_metric(c["host"].get("schedule_other_us_per_step_mean"))
+        lines.append(
+            f"| {job['group']} | {_cell_label(c)} | {kv} | {so} | {_f(pred, 4)} | {fmt_metric(tpot)} "
+            f"| {inside} | {job['run_id']} |"
+        )
+    return lines
+
+
+def _aa_host(maps: Sequence[dict[str, Any]]) -> list[str]:
+    rows = [(job, c) for _, job, c in ab_cells(maps, aa=True)]
+    if not rows:
+        return ["No A/A ran in these maps: the in-server intervals are not calibrated here."]
+    lines = [
+        "| group | cell | KV manager / step | schedule_other / step | update_other / step "
+        "| worker_prepare / step | run |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for job, c in rows:
+        cols = " | ".join(
+            fmt_metric(c["host"].get(f"{p}_us_per_step_mean"))
+            for p in ("kv_manager", "schedule_other", "update_other", "worker_prepare")
+        )
+        lines.append(f"| {job['group']} | {_cell_label(c)} | {cols} | {job['run_id']} |")
+    return lines
+
+
+def forward_floor_ms(model: Mapping[str, Any], gpu: Mapping[str, Any], point: Mapping[str, Any]) -> float:
+    """A decode step's memory-bandwidth floor: the weights and the batch's KV cache read once at peak HBM
+    bandwidth (ms)."""
+    kv_gb = point["batch"] * point["context"] * model["kv_bytes_per_token"] / 1e9
+    return (model["weights_gb"] + kv_gb) / gpu["hbm_tb_s"]  # GB / (TB/s) = ms
+
+
+def _gpu(sources: Mapping[str, Any], maps: Sequence[dict[str, Any]]) -> list[str]:
+    g = sources.get("gpu_projection")
+    if not g:
+        return []
+    lines = ["## On a GPU, on paper (a projection, not a measurement)", "", *g.get("preamble", []), ""]
+    chosen = None  # the closed cell of the group with the most concurrency (then the longest prompt)
+    for _, job, c in ab_cells(maps):
+        comp = c.get("composition") or {}
+        if c["cell"]["load"] != "closed" or job["group"] != g.get("group") or not all(comp.values()):
+            continue
+        key = (c["cell"]["concurrency"], c["cell"]["prompt_tokens"])
+        if chosen is None or key > chosen[0]:
+            chosen = (key, job, c)
+    if chosen is None:
+        return [*lines, "No closed cell of the projection's group has host-time data.", ""]
+    _, job, c = chosen
+    paged = c["composition"]["baseline"]["host_us_per_step"]
+    tagma = c["composition"]["candidate"]["host_us_per_step"]
+    lines.append(
+        f"Host CPU per busy step measured here ({job['group']} {_cell_label(c)}, run {job['run_id']}): "
+        f"{c['backends'][0]} {_f(paged)} us, {c['backends'][1]} {_f(tagma)} us (this CPU and this tiny "
+        "model's requests; a GPU server's host CPU is faster, so the shares below are upper bounds)."
+    )
+    lines += [
+        "",
+        "| GPU | context | batch | forward per step (ms) | source | host share paged "
+        "| step ratio tagma/paged, "
+        "async off | async on |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for gpu in g.get("gpus", []):
+        for point in g.get("points", []):
+            fwd_us = forward_floor_ms(g["model"], gpu, point) * 1000
+            share = paged / (paged + fwd_us) if paged is not None else None
+            off = (tagma + fwd_us) / (paged + fwd_us) if paged is not None and tagma is not None else None
+            on = max(tagma, fwd_us) / max(paged, fwd_us) if paged is not None and tagma is not None else None
+            lines.append(
+                f"| {gpu['name']} | {point['context']} | {point['batch']} | {_f(fwd_us / 1000)} | "
+                f"{gpu['source']}, {gpu['hbm_tb_s']} TB/s | {_pct(share)} | {_f(off, 4)} | {_f(on, 4)} |"
+            )
+    return [*lines, "", *g.get("notes", []), ""]
+
+
+def _provenance(sources: Mapping[str, Any]) -> list[str]:
+    lines = ["## Provenance", ""]
+    for name, m in zip(sources["map_files"], sources["maps"], strict=True):
+        mach = m["machine"]
+        lines.append(
+            f"- `{name}`: map `{m['map_id']}`, profile `{m['profile']}`, commits "
+            f"{', '.join(c[:10] for c in m['commits']) or 'unknown'}, machine {mach.get('cpu')} x"
+            f"{mach.get('cpu_count')}, wall time {m['wall_s'] / 60:.0f} min; jobs: "
+            f"{', '.join(j['run_id'] for j in m['jobs'])}."
+        )
+    return [*lines, ""]
+
+
+def document(sources: Mapping[str, Any], figures: Mapping[str, str]) -> str:
+    maps = sources["maps"]
+    profiles = ", ".join(sorted({m["profile"] for m in maps}))
+    lines = [
+        "# FINDINGS: where tagma changes what a user sees",
+        "",
+        f"Generated by `make findings` from `findings/sources.yaml` (maps of profile {profiles}) on "
+        f"{dt.date.today().isoformat()}. Ratios are tagma / paged with 95% intervals from run-level variance "
+        "(each run is one server lifetime); verdicts only on the five metrics below, Holm-corrected within "
+        "each cell; MDE = the change the cell would call 80% of the time (harness/regime/analysis.py).",
+        "",
+        *sources.get("preamble", []),
+        "",
+    ]
+    lines += _answer(maps)
+    lines += ["## The map (A/B: paged vs tagma)", "", *_map_table(maps, aa=False), ""]
+    for key, title in (
+        ("heat_throughput", "output throughput"),
+        ("heat_tpot_p50", "TPOT p50"),
+        ("heat_ttft_p50", "TTFT p50"),
+    ):
+        if key in figures:
+            lines += [f"![{title}]({figures[key]})", ""]
+    lines += [
+        "## Calibration: A/A (paged vs paged) at the same sizes",
+        "",
+        *_map_table(maps, aa=True),
+        "",
+        "In-server components between identical servers (each should be 1.00):",
+        "",
+        *_aa_host(maps),
+        "",
+    ]
+    lines += ["## Where a step goes (us per busy step, mean over runs)", "", *_composition(maps), ""]
+    if "step_stacks" in figures:
+        lines += [f"![step composition]({figures['step_stacks']})", ""]
+    lines += [
+        "## Attribution: the e2e change the components predict, beside the one measured",
+        "",
+        *_attribution(maps),
+        "",
+        *sources.get("attribution_notes", []),
+        "",
+    ]
+    if "predicted_vs_measured" in figures:
+        lines += [f"![predicted vs measured]({figures['predicted_vs_measured']})", ""]
+    lines += _gpu(sources, maps)
+    lines += _provenance(sources)
+    return "\n".join(lines).rstrip() + "\n"
