@@ -38,6 +38,10 @@ __all__ = [
     "BACKENDS",
     "CLI_FLAG",
     "CONFIG_KEY",
+    "DEFAULT_PLACEMENT",
+    "DEFAULT_PREFIX_EVICTION",
+    "DEFAULT_RANGE_MANAGER",
+    "DEFAULT_RESERVE_ADMISSION",
     "DEFAULT_TELEMETRY_INTERVAL_S",
     "ENV_HOST_TIME_FILE",
     "ENV_PLACEMENT",
@@ -67,9 +71,17 @@ ENV_TELEMETRY_FILE: Final = "TAGMA_TELEMETRY_FILE"
 ENV_TELEMETRY_INTERVAL_S: Final = "TAGMA_TELEMETRY_INTERVAL_S"
 DEFAULT_TELEMETRY_INTERVAL_S: Final = 1.0
 ENV_PLACEMENT: Final = "TAGMA_PLACEMENT"
+# Headroom by default: under interleaved decode best/first fit place each new request right after the
+# previous one, so no request can grow in place (measured: one range per block); headroom keeps one range.
+DEFAULT_PLACEMENT: Final = "headroom"
 ENV_PREFIX_EVICTION: Final = "TAGMA_PREFIX_EVICTION"  # lru | contiguous (default), caching on
+# Contiguity-aware eviction by default: with a pool full of cached blocks, growing requests stay in few
+# ranges (exact LRU, "lru", keeps vLLM's eviction order).
+DEFAULT_PREFIX_EVICTION: Final = "contiguous"
 ENV_RANGE_MANAGER: Final = "TAGMA_RANGE_MANAGER"  # "0": the block-object manager even with caching off
+DEFAULT_RANGE_MANAGER: Final = "1"
 ENV_RESERVE_ADMISSION: Final = "TAGMA_RESERVE_ADMISSION"  # "<percent>/<pieces>" under TAGMA_PLACEMENT=reserve
+DEFAULT_RESERVE_ADMISSION: Final = "100/4"
 ENV_HOST_TIME_FILE: Final = "TAGMA_HOST_TIME_FILE"
 ENV_WRITE_PATH_FILE: Final = "TAGMA_WRITE_PATH_FILE"  # the worker's range write-path counters (JSON)
 
