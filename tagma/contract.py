@@ -25,7 +25,9 @@ Environment of a tagma server (all optional):
 * ``TAGMA_RANGE_MANAGER``: ``0`` keeps the block-object manager when prefix caching is off (default: the
   range-native manager);
 * ``TAGMA_HOST_TIME_FILE``: where the server writes its in-server host (CPU) time records;
-* ``TAGMA_WRITE_PATH_FILE``: where a tagma worker writes how often its range write path ran.
+* ``TAGMA_WRITE_PATH_FILE``: where a tagma worker writes how often its range write path ran;
+* ``TAGMA_WRITE_PATH_INTERVAL_S``: the least time between two rewrites of that file (default 1.0 s; 0:
+  every call).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ __all__ = [
     "DEFAULT_RANGE_MANAGER",
     "DEFAULT_RESERVE_ADMISSION",
     "DEFAULT_TELEMETRY_INTERVAL_S",
+    "DEFAULT_WRITE_PATH_INTERVAL_S",
     "ENV_HOST_TIME_FILE",
     "ENV_PLACEMENT",
     "ENV_PREFIX_EVICTION",
@@ -51,6 +54,7 @@ __all__ = [
     "ENV_TELEMETRY_FILE",
     "ENV_TELEMETRY_INTERVAL_S",
     "ENV_WRITE_PATH_FILE",
+    "ENV_WRITE_PATH_INTERVAL_S",
     "HOST_TIME_FILE",
     "PAGED",
     "PLACEMENT_TELEMETRY_FILE",
@@ -84,6 +88,8 @@ ENV_RESERVE_ADMISSION: Final = "TAGMA_RESERVE_ADMISSION"  # "<percent>/<pieces>"
 DEFAULT_RESERVE_ADMISSION: Final = "100/4"
 ENV_HOST_TIME_FILE: Final = "TAGMA_HOST_TIME_FILE"
 ENV_WRITE_PATH_FILE: Final = "TAGMA_WRITE_PATH_FILE"  # the worker's range write-path counters (JSON)
+ENV_WRITE_PATH_INTERVAL_S: Final = "TAGMA_WRITE_PATH_INTERVAL_S"  # least time between two rewrites
+DEFAULT_WRITE_PATH_INTERVAL_S: Final = 1.0
 
 # ---- files the harness asks a server to write, inside one run's directory
 PLACEMENT_TELEMETRY_FILE: Final = "tagma_telemetry.jsonl"

@@ -10,7 +10,7 @@ four vLLM functions, each a pass-through unless tagma is selected:
   tagma is selected, refuses unsupported configurations (:mod:`tagma.fail_closed`) and points
   ``scheduler_config.scheduler_cls`` at :class:`tagma.core.scheduler.TagmaScheduler`;
 - ``WorkerBase.__init__`` (worker process, before its model runner exists): when the worker's config
-  selects tagma, installs the range write path (:mod:`tagma.worker.block_table_v1`).
+  selects tagma, installs the range write path (:mod:`tagma.worker.install`).
 
 With ``paged`` nothing else of vLLM is touched. A refusal raised for a CLI invocation exits with its
 one-line message instead of a traceback.
@@ -85,7 +85,7 @@ def install_worker_write_path(vllm_config: Any) -> None:
     """In a worker whose config selects tagma: route KV-write slot mappings through range descriptors."""
     if not is_tagma(vllm_config):
         return
-    from tagma.worker import block_table_v1 as write_path
+    from tagma.worker import install as write_path
 
     use_v2 = bool(vllm_config.use_v2_model_runner)
     write_path.install(use_v2_model_runner=use_v2)
