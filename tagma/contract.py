@@ -47,6 +47,7 @@ __all__ = [
     "DEFAULT_TELEMETRY_INTERVAL_S",
     "DEFAULT_WRITE_PATH_INTERVAL_S",
     "ENV_HOST_TIME_FILE",
+    "ENV_LIB",
     "ENV_PLACEMENT",
     "ENV_PREFIX_EVICTION",
     "ENV_RANGE_MANAGER",
@@ -90,6 +91,9 @@ ENV_HOST_TIME_FILE: Final = "TAGMA_HOST_TIME_FILE"
 ENV_WRITE_PATH_FILE: Final = "TAGMA_WRITE_PATH_FILE"  # the worker's range write-path counters (JSON)
 ENV_WRITE_PATH_INTERVAL_S: Final = "TAGMA_WRITE_PATH_INTERVAL_S"  # least time between two rewrites
 DEFAULT_WRITE_PATH_INTERVAL_S: Final = 1.0
+
+# ---- environment of any process that loads the engine (tests, benchmarks, servers)
+ENV_LIB: Final = "TAGMA_LIB"  # the engine's shared library; unset: tagma/_lib/libtagma.so
 
 # ---- files the harness asks a server to write, inside one run's directory
 PLACEMENT_TELEMETRY_FILE: Final = "tagma_telemetry.jsonl"

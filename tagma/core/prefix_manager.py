@@ -2,8 +2,8 @@
 
 :class:`PrefixKVCacheManager` is :class:`~tagma.core.range_manager.RangeKVCacheManager` (per-request state:
 an engine request and a count; no ``KVCacheBlock`` on hot paths) plus the engine's hash-less prefix index
-(a trie of full blocks keyed by token ids, :mod:`tagma.prefix_index`, whose binding reads a request's token
-list in C: no per-token Python work). vLLM's block hashes are neither computed nor read: the engine core
+(a trie of full blocks keyed by token ids, :mod:`tagma.engine.prefix_index`, whose binding reads a request's
+token list in C: no per-token Python work). vLLM's block hashes are neither computed nor read: the engine core
 builds its requests without a block hasher (:func:`tagma.core.scheduler.install_hashless_hook`, keyed on
 ``uses_block_hashes = False``).
 
@@ -44,8 +44,8 @@ from tagma.contract import DEFAULT_PREFIX_EVICTION, ENV_PLACEMENT, ENV_PREFIX_EV
 from tagma.core.manager import SIGNATURE
 from tagma.core.range_manager import RangeBlocks, RangeKVCacheManager
 from tagma.engine import Policy, _raise
+from tagma.engine.prefix_index import EvictionMode, PrefixIndex
 from tagma.errors import TagmaUnsupported
-from tagma.prefix_index import EvictionMode, PrefixIndex
 
 __all__ = ["ENV_PREFIX_EVICTION", "HitBlocks", "PrefixKVCacheManager"]
 
