@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from harness import host_time as reader
-from tagma import host_time_hooks as hooks
-from tagma.host_time import (
+from tagma.probes import host_time_hooks as hooks
+from tagma.probes.host_time import (
     COLUMNS,
     ChunkWriter,
     HostTimeChunk,
@@ -425,7 +425,7 @@ def test_real_managers_instrumented_identically(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_block_runs_incremental() -> None:
-    from tagma.telemetry import BlockRuns, runs_summary
+    from tagma.probes.telemetry import BlockRuns, runs_summary
 
     @dataclass
     class B:

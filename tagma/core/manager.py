@@ -36,7 +36,7 @@ from tagma.contract import DEFAULT_PLACEMENT, DEFAULT_RESERVE_ADMISSION, ENV_PLA
 from tagma.core.block_pool import TagmaBlockPool
 from tagma.engine import I32Array, Policy, RangeEngine
 from tagma.errors import TagmaUnsupported
-from tagma.telemetry import Telemetry
+from tagma.probes.telemetry import Telemetry
 
 __all__ = [
     "ENV_POLICY",
