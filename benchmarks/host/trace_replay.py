@@ -64,7 +64,7 @@ from vllm.v1.request import Request, RequestStatus
 from benchmarks.host.manager_ops import kv_cache_config
 from harness import trace_file
 from harness.trace_file import TraceRecord
-from tagma.core.manager import TagmaKVCacheManager
+from tagma.core.registry import build_kv_cache_manager as TagmaKVCacheManager
 
 __all__ = ["ReplayConfig", "Job", "jobs_from_records", "prompt_tokens", "replay", "run"]
 
