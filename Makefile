@@ -34,7 +34,7 @@ $(ENGINE_LIB): $(CSRC)
 	cmake --build build/release -j$(JOBS)
 	@# copy then rename: a process that has the old library mapped keeps its inode and does not crash
 	mkdir -p tagma/_lib && cp build/release/libtagma.so $@.tmp && mv -f $@.tmp $@
-	@# the Python token-list reader (tagma/prefix_index.py), built where the Python headers are found
+	@# the Python token-list reader (tagma/engine/prefix_index.py), built where the Python headers are found
 	if [ -f build/release/libtagma_pylist.so ]; then cp build/release/libtagma_pylist.so tagma/_lib/libtagma_pylist.so.tmp \
 		&& mv -f tagma/_lib/libtagma_pylist.so.tmp tagma/_lib/libtagma_pylist.so; fi
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from tagma.contract import HOST_TIME_FILE
-from tagma.host_time import COLUMNS, HostTimeChunk, host_time_files, read_chunks
+from tagma.probes.host_time import COLUMNS, HostTimeChunk, host_time_files, read_chunks
 
 __all__ = ["BASE_NAME", "COMPONENTS", "HostTimeRun", "load_run", "summarize"]
 

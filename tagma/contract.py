@@ -25,7 +25,9 @@ Environment of a tagma server (all optional):
 * ``TAGMA_RANGE_MANAGER``: ``0`` keeps the block-object manager when prefix caching is off (default: the
   range-native manager);
 * ``TAGMA_HOST_TIME_FILE``: where the server writes its in-server host (CPU) time records;
-* ``TAGMA_WRITE_PATH_FILE``: where a tagma worker writes how often its range write path ran.
+* ``TAGMA_WRITE_PATH_FILE``: where a tagma worker writes how often its range write path ran;
+* ``TAGMA_WRITE_PATH_INTERVAL_S``: the least time between two rewrites of that file (default 1.0 s; 0:
+  every call).
 """
 
 from __future__ import annotations
@@ -38,8 +40,14 @@ __all__ = [
     "BACKENDS",
     "CLI_FLAG",
     "CONFIG_KEY",
+    "DEFAULT_PLACEMENT",
+    "DEFAULT_PREFIX_EVICTION",
+    "DEFAULT_RANGE_MANAGER",
+    "DEFAULT_RESERVE_ADMISSION",
     "DEFAULT_TELEMETRY_INTERVAL_S",
+    "DEFAULT_WRITE_PATH_INTERVAL_S",
     "ENV_HOST_TIME_FILE",
+    "ENV_LIB",
     "ENV_PLACEMENT",
     "ENV_PREFIX_EVICTION",
     "ENV_RANGE_MANAGER",
@@ -47,6 +55,7 @@ __all__ = [
     "ENV_TELEMETRY_FILE",
     "ENV_TELEMETRY_INTERVAL_S",
     "ENV_WRITE_PATH_FILE",
+    "ENV_WRITE_PATH_INTERVAL_S",
     "HOST_TIME_FILE",
     "PAGED",
     "PLACEMENT_TELEMETRY_FILE",
@@ -67,11 +76,24 @@ ENV_TELEMETRY_FILE: Final = "TAGMA_TELEMETRY_FILE"
 ENV_TELEMETRY_INTERVAL_S: Final = "TAGMA_TELEMETRY_INTERVAL_S"
 DEFAULT_TELEMETRY_INTERVAL_S: Final = 1.0
 ENV_PLACEMENT: Final = "TAGMA_PLACEMENT"
+# Headroom by default: under interleaved decode best/first fit place each new request right after the
+# previous one, so no request can grow in place (measured: one range per block); headroom keeps one range.
+DEFAULT_PLACEMENT: Final = "headroom"
 ENV_PREFIX_EVICTION: Final = "TAGMA_PREFIX_EVICTION"  # lru | contiguous (default), caching on
+# Contiguity-aware eviction by default: with a pool full of cached blocks, growing requests stay in few
+# ranges (exact LRU, "lru", keeps vLLM's eviction order).
+DEFAULT_PREFIX_EVICTION: Final = "contiguous"
 ENV_RANGE_MANAGER: Final = "TAGMA_RANGE_MANAGER"  # "0": the block-object manager even with caching off
+DEFAULT_RANGE_MANAGER: Final = "1"
 ENV_RESERVE_ADMISSION: Final = "TAGMA_RESERVE_ADMISSION"  # "<percent>/<pieces>" under TAGMA_PLACEMENT=reserve
+DEFAULT_RESERVE_ADMISSION: Final = "100/4"
 ENV_HOST_TIME_FILE: Final = "TAGMA_HOST_TIME_FILE"
 ENV_WRITE_PATH_FILE: Final = "TAGMA_WRITE_PATH_FILE"  # the worker's range write-path counters (JSON)
+ENV_WRITE_PATH_INTERVAL_S: Final = "TAGMA_WRITE_PATH_INTERVAL_S"  # least time between two rewrites
+DEFAULT_WRITE_PATH_INTERVAL_S: Final = 1.0
+
+# ---- environment of any process that loads the engine (tests, benchmarks, servers)
+ENV_LIB: Final = "TAGMA_LIB"  # the engine's shared library; unset: tagma/_lib/libtagma.so
 
 # ---- files the harness asks a server to write, inside one run's directory
 PLACEMENT_TELEMETRY_FILE: Final = "tagma_telemetry.jsonl"

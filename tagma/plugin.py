@@ -10,15 +10,16 @@ four vLLM functions, each a pass-through unless tagma is selected:
   tagma is selected, refuses unsupported configurations (:mod:`tagma.fail_closed`) and points
   ``scheduler_config.scheduler_cls`` at :class:`tagma.core.scheduler.TagmaScheduler`;
 - ``WorkerBase.__init__`` (worker process, before its model runner exists): when the worker's config
-  selects tagma, installs the range write path (:mod:`tagma.worker.block_table_v1`).
+  selects tagma, installs the range write path (:mod:`tagma.worker.install`).
 
 With ``paged`` nothing else of vLLM is touched. A refusal raised for a CLI invocation exits with its
 one-line message instead of a traceback.
 
 Measurement hooks, the same for both backends and installed only when the environment asks
-(:mod:`tagma.host_time_hooks`): ``TAGMA_HOST_TIME_FILE`` times the scheduler, the KV cache manager and the
-worker's input preparation per step; ``TAGMA_TELEMETRY_FILE`` gives vLLM's own KV cache manager the
-placement telemetry tagma's manager writes (:mod:`tagma.telemetry`). Unset, they import and wrap nothing.
+(:mod:`tagma.probes.host_time_hooks`): ``TAGMA_HOST_TIME_FILE`` times the scheduler, the KV cache manager and
+the worker's input preparation per step; ``TAGMA_TELEMETRY_FILE`` gives vLLM's own KV cache manager the
+placement telemetry tagma's manager writes (:mod:`tagma.probes.telemetry`). Unset, they import and wrap
+nothing.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def register() -> None:
     _wrap_from_cli_args(EngineArgs)
     _wrap_create_engine_config(EngineArgs)
     _wrap_worker_init(WorkerBase)
-    from tagma import host_time_hooks
+    from tagma.probes import host_time_hooks
 
     host_time_hooks.install_engine_side()
     _registered = True
@@ -85,7 +86,7 @@ def install_worker_write_path(vllm_config: Any) -> None:
     """In a worker whose config selects tagma: route KV-write slot mappings through range descriptors."""
     if not is_tagma(vllm_config):
         return
-    from tagma.worker import block_table_v1 as write_path
+    from tagma.worker import install as write_path
 
     use_v2 = bool(vllm_config.use_v2_model_runner)
     write_path.install(use_v2_model_runner=use_v2)
@@ -165,7 +166,7 @@ def _wrap_worker_init(worker_base_cls: type) -> None:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
         install_worker_write_path(vllm_config)
-        from tagma import host_time_hooks
+        from tagma.probes import host_time_hooks
 
         host_time_hooks.install_worker_side()
         original(self, *args, **kwargs)

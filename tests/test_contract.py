@@ -58,7 +58,7 @@ def test_placement_record_round_trips_and_rejects_a_foreign_line() -> None:
 
 def test_the_telemetry_writer_writes_contract_records(tmp_path: Path) -> None:
     from tagma.engine import EngineNotBuiltError, RangeEngine
-    from tagma.telemetry import Telemetry
+    from tagma.probes.telemetry import Telemetry
 
     path = tmp_path / contract.PLACEMENT_TELEMETRY_FILE
     try:

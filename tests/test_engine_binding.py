@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tagma.contract import ENV_LIB
 from tagma.engine import (
     TAGMA_E_OVERFLOW,
     AppendResult,
@@ -125,7 +126,7 @@ def test_missing_library_says_make_setup(tmp_path: Path) -> None:
         "else:\n"
         "    raise SystemExit('no error')\n"
     )
-    env = {**os.environ, "TAGMA_LIB": str(tmp_path / "nonexistent" / "libtagma.so"), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, ENV_LIB: str(tmp_path / "nonexistent" / "libtagma.so"), "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
         [sys.executable, "-c", script],
         cwd=REPO,
@@ -150,7 +151,7 @@ def test_unloadable_library_says_make_setup(tmp_path: Path) -> None:
         "except EngineNotBuiltError as e:\n"
         "    print('MESSAGE:', e)\n"
     )
-    env = {**os.environ, "TAGMA_LIB": str(bogus), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, ENV_LIB: str(bogus), "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
         [sys.executable, "-c", script],
         cwd=REPO,

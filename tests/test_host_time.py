@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from harness import host_time as reader
-from tagma import host_time_hooks as hooks
-from tagma.host_time import (
+from tagma.probes import host_time_hooks as hooks
+from tagma.probes.host_time import (
     COLUMNS,
     ChunkWriter,
     HostTimeChunk,
@@ -386,7 +386,7 @@ def test_real_managers_instrumented_identically(monkeypatch: pytest.MonkeyPatch,
     pytest.importorskip("vllm")
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
-    from tagma.core.manager import TagmaKVCacheManager
+    from tagma.core.registry import build_kv_cache_manager
     from tests.test_manager import make_config, make_request, manager_kwargs
 
     monkeypatch.setenv("TAGMA_HOST_TIME_FILE", str(tmp_path / "host_time.jsonl"))
@@ -399,7 +399,7 @@ def test_real_managers_instrumented_identically(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(hooks, "KV_MANAGER_METHODS", methods)
     clocks = {}
     managers = {}
-    for name, cls in (("paged", KVCacheManager), ("tagma", TagmaKVCacheManager)):
+    for name, cls in (("paged", KVCacheManager), ("tagma", build_kv_cache_manager)):
         manager = cls(make_config(64), **manager_kwargs())
         clocks[name] = hooks.SchedulerClock()
         hooks.after_kv_manager_init(manager, clocks[name])
@@ -425,7 +425,7 @@ def test_real_managers_instrumented_identically(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_block_runs_incremental() -> None:
-    from tagma.telemetry import BlockRuns, runs_summary
+    from tagma.probes.telemetry import BlockRuns, runs_summary
 
     @dataclass
     class B:

@@ -21,7 +21,7 @@ from harness import inserver
 from harness.compare import load_runs
 from harness.config import from_mapping
 from tagma.contract import PLACEMENT_TELEMETRY_FILE
-from tagma.host_time import COLUMNS, HostTimeChunk
+from tagma.probes.host_time import COLUMNS, HostTimeChunk
 from tests.harness_run import run_harness
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """The import graph runs one way: benchmarks and tests may import harness and tagma; harness may import
-only tagma's contract (tagma.contract, and tagma.host_time for the host-time record format, both standard
-library only); tagma imports neither harness nor benchmarks."""
+only tagma's contract (tagma.contract, and tagma.probes.host_time for the host-time record format, both
+standard library only); tagma imports neither harness nor benchmarks."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CONTRACT_MODULES = ("tagma.contract", "tagma.host_time")
+CONTRACT_MODULES = ("tagma.contract", "tagma.probes.host_time")
 
 
 def _imports(path: Path) -> set[str]:

@@ -32,10 +32,11 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.request import Request, RequestStatus
 
-from tagma.core import prefix_manager
+from tagma.contract import ENV_PLACEMENT
 from tagma.core.block_pool import TagmaBlockPool
 from tagma.core.manager import TagmaKVCacheManager
 from tagma.core.range_manager import RangeBlocks, RangeKVCacheManager
+from tagma.core.registry import PREFIX_INDEX, build_kv_cache_manager, spec_manager_map
 from tagma.engine import RangeEngine
 
 init_none_hash(sha256)
@@ -44,9 +45,9 @@ init_none_hash(sha256)
 @pytest.fixture(autouse=True)
 def _block_object_manager_with_caching_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests are about the block-object manager with prefix caching on (vLLM's hashes, what
-    TAGMA_RANGE_MANAGER=0 keeps) and the range manager with it off; ``TagmaKVCacheManager(...)`` with caching
-    on builds the prefix-index manager by default, tested in test_prefix_manager.py."""
-    monkeypatch.setattr(prefix_manager, "PrefixKVCacheManager", TagmaKVCacheManager)
+    TAGMA_RANGE_MANAGER=0 keeps) and the range manager with it off; ``build_kv_cache_manager(...)`` with
+    caching on builds the prefix-index manager by default, tested in test_prefix_manager.py."""
+    monkeypatch.setitem(spec_manager_map[FullAttentionSpec], PREFIX_INDEX, TagmaKVCacheManager)
 
 BLOCK = 4  # tokens per block: small, so short token lists exercise many blocks
 
@@ -150,7 +151,7 @@ class Twin:
         kwargs = manager_kwargs(block_size, **overrides)
         self.block_size = block_size
         self.paged = KVCacheManager(config, **kwargs)
-        self.tagma = TagmaKVCacheManager(config, placement_policy=policy, **kwargs)
+        self.tagma = build_kv_cache_manager(config, placement_policy=policy, **kwargs)
         self.requests: dict[str, tuple[Request, Request]] = {}
         self.handed_out: dict[str, list[int]] = {}  # tagma block ids given to each running request
         self.hits: list[int] = []
@@ -544,28 +545,28 @@ def test_unsupported_configurations_are_refused() -> None:
     ]
     for config, extra, feature in cases:
         with pytest.raises(ValueError, match=f"^tagma: unsupported: .*{feature}"):
-            TagmaKVCacheManager(config, **manager_kwargs(**extra))
+            build_kv_cache_manager(config, **manager_kwargs(**extra))
 
 
 def test_constructor_accepts_vllm_arguments_and_passes_them_through() -> None:
     config = make_config(16)
-    positional = TagmaKVCacheManager(config, 1024, BLOCK, BLOCK, None, True, placement_policy="first_fit")
+    positional = build_kv_cache_manager(config, 1024, BLOCK, BLOCK, None, True, placement_policy="first_fit")
     assert positional.policy_name == "first_fit" and positional.enable_caching
     with pytest.raises(TypeError):
-        TagmaKVCacheManager(config, **manager_kwargs(no_such_argument=1))
+        build_kv_cache_manager(config, **manager_kwargs(no_such_argument=1))
 
 
 def test_policy_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TAGMA_PLACEMENT", "best_fit")
-    assert TagmaKVCacheManager(make_config(16), **manager_kwargs()).policy_name == "best_fit"
-    chosen = TagmaKVCacheManager(make_config(16), placement_policy="first_fit", **manager_kwargs())
+    monkeypatch.setenv(ENV_PLACEMENT, "best_fit")
+    assert build_kv_cache_manager(make_config(16), **manager_kwargs()).policy_name == "best_fit"
+    chosen = build_kv_cache_manager(make_config(16), placement_policy="first_fit", **manager_kwargs())
     assert chosen.policy_name == "first_fit"
-    monkeypatch.delenv("TAGMA_PLACEMENT")
-    assert TagmaKVCacheManager(make_config(16), **manager_kwargs()).policy_name == "headroom"
+    monkeypatch.delenv(ENV_PLACEMENT)
+    assert build_kv_cache_manager(make_config(16), **manager_kwargs()).policy_name == "headroom"
 
 
 def test_block_pool_is_converted_in_place_for_every_holder() -> None:
-    manager = TagmaKVCacheManager(make_config(16), **manager_kwargs())
+    manager = build_kv_cache_manager(make_config(16), **manager_kwargs())
     pool = manager.block_pool
     assert isinstance(pool, TagmaBlockPool)
     assert manager.coordinator.block_pool is pool
@@ -605,7 +606,7 @@ def test_telemetry_lines(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None
 def test_telemetry_off_without_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     monkeypatch.delenv("TAGMA_TELEMETRY_FILE", raising=False)
     monkeypatch.chdir(tmp_path)
-    manager = TagmaKVCacheManager(make_config(16), **manager_kwargs())
+    manager = build_kv_cache_manager(make_config(16), **manager_kwargs())
     manager.new_step_starts()
     assert manager.telemetry.path is None
     assert list(tmp_path.iterdir()) == []
@@ -616,14 +617,14 @@ def test_telemetry_off_without_file(monkeypatch: pytest.MonkeyPatch, tmp_path: A
 
 def test_caching_off_builds_the_range_manager_unless_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
     config = make_config(32)
-    off = TagmaKVCacheManager(config, **manager_kwargs(enable_caching=False))
+    off = build_kv_cache_manager(config, **manager_kwargs(enable_caching=False))
     assert type(off) is RangeKVCacheManager and not off.enable_caching
-    positional = TagmaKVCacheManager(config, 1 << 14, 4, 4, None, False)  # enable_caching by position
+    positional = build_kv_cache_manager(config, 1 << 14, 4, 4, None, False)  # enable_caching by position
     assert type(positional) is RangeKVCacheManager
-    on = TagmaKVCacheManager(config, **manager_kwargs(enable_caching=True))
+    on = build_kv_cache_manager(config, **manager_kwargs(enable_caching=True))
     assert type(on) is TagmaKVCacheManager
     monkeypatch.setenv("TAGMA_RANGE_MANAGER", "0")
-    assert type(TagmaKVCacheManager(config, **manager_kwargs(enable_caching=False))) is TagmaKVCacheManager
+    assert type(build_kv_cache_manager(config, **manager_kwargs(enable_caching=False))) is TagmaKVCacheManager
     with pytest.raises(ValueError, match="prefix caching off only"):
         RangeKVCacheManager(config, **manager_kwargs(enable_caching=True))
 
@@ -669,7 +670,7 @@ class CountingBatch:
 
 
 def test_range_manager_decode_fast_path_makes_no_engine_call() -> None:
-    manager = TagmaKVCacheManager(make_config(64), **manager_kwargs(enable_caching=False))
+    manager = build_kv_cache_manager(make_config(64), **manager_kwargs(enable_caching=False))
     assert isinstance(manager, RangeKVCacheManager)
     batch = manager._batch = CountingBatch(manager._batch)
     req = make_request("r", list(range(1, 6)))  # 5 tokens: 2 blocks of 4
@@ -695,7 +696,7 @@ def test_range_manager_decode_fast_path_makes_no_engine_call() -> None:
 
 
 def test_range_blocks_view_matches_kv_cache_blocks() -> None:
-    manager = TagmaKVCacheManager(make_config(64), **manager_kwargs(enable_caching=False))
+    manager = build_kv_cache_manager(make_config(64), **manager_kwargs(enable_caching=False))
     req = make_request("r", list(range(1, 30)))
     view = manager.allocate_slots(req, req.num_tokens)
     assert isinstance(view, RangeBlocks)
@@ -748,7 +749,7 @@ def test_range_manager_deferred_free_and_coordinator_count() -> None:
 
 
 def test_range_manager_refuses_what_caching_off_cannot_have() -> None:
-    manager = TagmaKVCacheManager(make_config(32), **manager_kwargs(enable_caching=False))
+    manager = build_kv_cache_manager(make_config(32), **manager_kwargs(enable_caching=False))
     req = make_request("r", list(range(10)))
     with pytest.raises(ValueError, match="num_new_tokens must be greater than 0"):
         manager.allocate_slots(req, 0)
@@ -780,7 +781,7 @@ def test_range_manager_python_bytes_per_request_are_small() -> None:
 
     n_blocks = 2048
     kwargs = manager_kwargs(16, enable_caching=False)
-    manager = TagmaKVCacheManager(make_config(8 * n_blocks + 8, 16), **kwargs)
+    manager = build_kv_cache_manager(make_config(8 * n_blocks + 8, 16), **kwargs)
     reqs = [make_request(f"m{i}", [1] * (16 * n_blocks)) for i in range(4)]
     tracemalloc.start()
     try:
@@ -830,7 +831,7 @@ def test_range_manager_reserve_hints_prompt_plus_max_tokens_and_waits_for_room(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("TAGMA_RESERVE_ADMISSION", "100/1")
-    manager = TagmaKVCacheManager(
+    manager = build_kv_cache_manager(
         make_config(41), placement_policy="reserve", **manager_kwargs(enable_caching=False)
     )  # usable blocks [1, 41)
     assert isinstance(manager, RangeKVCacheManager)

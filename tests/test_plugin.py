@@ -21,7 +21,7 @@ from vllm.v1.worker.worker_base import WorkerBase  # noqa: E402
 
 from tagma import plugin  # noqa: E402
 from tagma.selector import TagmaConfigError  # noqa: E402
-from tagma.worker import block_table_v1 as write_path  # noqa: E402
+from tagma.worker import install as write_path  # noqa: E402
 from tests.tiny_configs import TAGMA, TINY_MODEL, engine_config  # noqa: E402
 
 SCHEDULER = "tagma.core.scheduler.TagmaScheduler"

@@ -1,4 +1,4 @@
-"""tagma.prefix_index: the engine's token-keyed prefix index through its binding."""
+"""tagma.engine.prefix_index: the engine's token-keyed prefix index through its binding."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from vllm.v1.utils import ConstantList
 
 from tagma.engine import BlockStateError, InvalidArgumentError, RangeEngine
-from tagma.prefix_index import EvictionMode, PrefixIndex, PrefixStats, pylist_available
+from tagma.engine.prefix_index import EvictionMode, PrefixIndex, PrefixStats, pylist_available
 
 BS = 4
 

@@ -23,6 +23,7 @@ from vllm.v1.request import Request, RequestStatus
 from tagma.contract import ENV_RANGE_MANAGER
 from tagma.core.manager import TagmaKVCacheManager
 from tagma.core.prefix_manager import HitBlocks, PrefixKVCacheManager
+from tagma.core.registry import build_kv_cache_manager
 from tagma.errors import TagmaUnsupported
 from tests.test_manager import BLOCK, make_config, make_request, manager_kwargs
 
@@ -70,7 +71,7 @@ class Twin:
         kwargs = manager_kwargs(block_size, **kw)
         self.block_size = block_size
         self.paged = KVCacheManager(config, **kwargs)
-        self.tagma = TagmaKVCacheManager(config, prefix_eviction=eviction, **kwargs)
+        self.tagma = build_kv_cache_manager(config, prefix_eviction=eviction, **kwargs)
         assert isinstance(self.tagma, PrefixKVCacheManager)
         self.requests: dict[str, tuple[Request, Request]] = {}
         self.hits: list[tuple[int, int]] = []  # (paged, tagma) per admission
@@ -220,12 +221,12 @@ def test_lru_eviction_keeps_vllm_s_hits_under_pressure(seed: int) -> None:
 
 
 def test_caching_on_builds_the_prefix_manager_unless_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    manager = TagmaKVCacheManager(make_config(32), **manager_kwargs())
+    manager = build_kv_cache_manager(make_config(32), **manager_kwargs())
     assert type(manager) is PrefixKVCacheManager
     assert manager.enable_caching and manager.uses_block_hashes is False
     assert manager.prefix_eviction == "contiguous"
     monkeypatch.setenv(ENV_RANGE_MANAGER, "0")
-    old = TagmaKVCacheManager(make_config(32), **manager_kwargs())
+    old = build_kv_cache_manager(make_config(32), **manager_kwargs())
     assert type(old) is TagmaKVCacheManager and getattr(old, "uses_block_hashes", True)
 
 
@@ -311,7 +312,7 @@ def test_preempted_request_stats_have_vllm_s_meaning() -> None:
 
 
 def test_requests_with_different_cache_salt_or_lora_never_share_a_block() -> None:
-    manager = TagmaKVCacheManager(make_config(256), **manager_kwargs())
+    manager = build_kv_cache_manager(make_config(256), **manager_kwargs())
     tokens = list(range(1, 6 * BLOCK + 2))
     lora1 = LoRARequest("one", 1, "/adapters/one")
     lora1_moved = LoRARequest("one", 1, "/adapters/one-v2")
@@ -357,12 +358,12 @@ def test_usage_and_stats_equal_vllm_while_requests_share_hits() -> None:
 def test_refusals() -> None:
     config = make_config(32)
     with pytest.raises(TagmaUnsupported, match="KV cache events"):
-        TagmaKVCacheManager(config, **manager_kwargs(enable_kv_cache_events=True))
+        build_kv_cache_manager(config, **manager_kwargs(enable_kv_cache_events=True))
     with pytest.raises(TagmaUnsupported, match="hash_block_size"):
-        TagmaKVCacheManager(config, **manager_kwargs(hash_block_size=2))
+        build_kv_cache_manager(config, **manager_kwargs(hash_block_size=2))
     with pytest.raises(ValueError, match="unknown eviction mode"):
-        TagmaKVCacheManager(config, prefix_eviction="mru", **manager_kwargs())
-    manager = TagmaKVCacheManager(config, **manager_kwargs())
+        build_kv_cache_manager(config, prefix_eviction="mru", **manager_kwargs())
+    manager = build_kv_cache_manager(config, **manager_kwargs())
     req = tagma_request("e", list(range(1, 20)))
     req.prompt_embeds = np.zeros((19, 4), dtype=np.float32)  # type: ignore[assignment]
     with pytest.raises(TagmaUnsupported, match="prompt embeddings"):
@@ -370,7 +371,7 @@ def test_refusals() -> None:
 
 
 def test_decode_steps_without_a_new_full_block_make_no_engine_call() -> None:
-    manager = TagmaKVCacheManager(make_config(64), **manager_kwargs())
+    manager = build_kv_cache_manager(make_config(64), **manager_kwargs())
     req = tagma_request("a", list(range(1, 2 * BLOCK + 2)))
     computed, hit, _ = manager.get_computed_blocks(req)
     assert manager.allocate_slots(req, req.num_tokens, hit, computed) is not None

@@ -147,26 +147,28 @@ def test_the_hook_needs_the_engine_core_module(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_reserve_placement_is_refused_with_prefix_caching_on() -> None:
-    from tagma.core.manager import TagmaKVCacheManager
+    from tagma.core.registry import build_kv_cache_manager
     from tagma.errors import TagmaUnsupported
     from tests.test_manager import make_config, manager_kwargs
 
     with pytest.raises(TagmaUnsupported, match="reserve with prefix caching on"):
-        TagmaKVCacheManager(
+        build_kv_cache_manager(
             make_config(41), placement_policy="reserve", **manager_kwargs(enable_caching=True)
         )
 
 
 @pytest.mark.parametrize("policy", ["first_fit", "best_fit"])
 def test_contiguous_eviction_refuses_other_placement_policies_and_lru_takes_them(policy: str) -> None:
-    from tagma.core.manager import TagmaKVCacheManager
+    from tagma.core.registry import build_kv_cache_manager
     from tagma.errors import TagmaUnsupported
     from tests.test_manager import make_config, manager_kwargs
 
     refusal = f"TAGMA_PLACEMENT={policy} with TAGMA_PREFIX_EVICTION=contiguous"
     with pytest.raises(TagmaUnsupported, match=refusal):
-        TagmaKVCacheManager(make_config(41), placement_policy=policy, **manager_kwargs(enable_caching=True))
-    manager = TagmaKVCacheManager(
+        build_kv_cache_manager(
+            make_config(41), placement_policy=policy, **manager_kwargs(enable_caching=True)
+        )
+    manager = build_kv_cache_manager(
         make_config(41), placement_policy=policy, prefix_eviction="lru", **manager_kwargs(enable_caching=True)
     )
     assert manager.prefix_eviction == "lru" and manager.policy.name.lower() == policy

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from vllm.v1.request import Request, RequestStatus
 
-from tagma.core.manager import TagmaKVCacheManager
 from tagma.core.range_manager import RangeBlocks, RangeKVCacheManager
+from tagma.core.registry import build_kv_cache_manager
 from tagma.engine import NoSpaceError
 from tests.test_manager import (
     CountingBatch,
@@ -30,7 +30,7 @@ from tests.test_manager import (
 
 
 def range_manager(num_blocks: int, policy: str = "headroom") -> RangeKVCacheManager:
-    manager = TagmaKVCacheManager(
+    manager = build_kv_cache_manager(
         make_config(num_blocks), placement_policy=policy, **manager_kwargs(enable_caching=False)
     )
     assert isinstance(manager, RangeKVCacheManager)

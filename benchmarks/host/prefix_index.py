@@ -44,7 +44,7 @@ from benchmarks.host.manager_ops import admit, build_managers, make_request
 from benchmarks.host.timing import interleaved, pair_entry, summarize, timed_ns
 from tagma import prefix_index as prefix_module
 from tagma.engine import RangeEngine
-from tagma.prefix_index import EvictionMode, PrefixIndex
+from tagma.engine.prefix_index import EvictionMode, PrefixIndex
 
 __all__ = ["run"]
 

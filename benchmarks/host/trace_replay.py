@@ -71,7 +71,7 @@ from benchmarks.host.trace_jobs import (
 )
 from harness import trace_file
 from harness.trace_file import TraceRecord
-from tagma.core.manager import TagmaKVCacheManager
+from tagma.core.registry import build_kv_cache_manager as TagmaKVCacheManager
 
 __all__ = ["Side", "eviction_cost", "replay", "run", "runs_of_ids"]
 

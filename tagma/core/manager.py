@@ -32,31 +32,25 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.request import Request, RequestStatus
 
-from tagma.contract import ENV_PLACEMENT, ENV_RANGE_MANAGER, ENV_RESERVE_ADMISSION
+from tagma.contract import DEFAULT_PLACEMENT, DEFAULT_RESERVE_ADMISSION, ENV_PLACEMENT, ENV_RESERVE_ADMISSION
 from tagma.core.block_pool import TagmaBlockPool
 from tagma.engine import I32Array, Policy, RangeEngine
 from tagma.errors import TagmaUnsupported
-from tagma.telemetry import Telemetry
+from tagma.probes.telemetry import Telemetry
 
 __all__ = [
     "ENV_POLICY",
-    "ENV_RANGE_MANAGER",
+    "SIGNATURE",
     "TagmaKVCacheManager",
-    "range_manager_enabled",
     "reserve_admission",
     "resolve_policy",
     "unsupported_feature",
 ]
 
 ENV_POLICY = ENV_PLACEMENT
-# "0" keeps the block-object manager (vLLM's hashes and prefix cache); anything else (default) uses the
-# range-native managers: tagma.core.range_manager with prefix caching off, tagma.core.prefix_manager (the
-# engine's prefix index) with it on.
-# Headroom by default: under interleaved decode best/first fit place each new request right after the
-# previous one, so no request can grow in place (measured: one range per block); headroom keeps one range.
-DEFAULT_POLICY = "headroom"
+DEFAULT_POLICY = DEFAULT_PLACEMENT
 
-_SIGNATURE = inspect.signature(KVCacheManager.__init__)
+SIGNATURE = inspect.signature(KVCacheManager.__init__)
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 # Most specific first: MLAAttentionSpec subclasses FullAttentionSpec.
@@ -79,7 +73,8 @@ def resolve_policy(policy: str | int | Policy | None = None) -> Policy:
 
 def reserve_admission(value: str | None = None) -> tuple[int, int]:
     """RESERVE admission as (percent, pieces): the argument, else ``$TAGMA_RESERVE_ADMISSION``, else 100/4."""
-    text = (value if value is not None else os.environ.get(ENV_RESERVE_ADMISSION, "")).strip() or "100/4"
+    text = (value if value is not None else os.environ.get(ENV_RESERVE_ADMISSION, "")).strip()
+    text = text or DEFAULT_RESERVE_ADMISSION
     percent, _, pieces = text.partition("/")
     try:
         result = (int(percent), int(pieces or 1))
@@ -88,11 +83,6 @@ def reserve_admission(value: str | None = None) -> tuple[int, int]:
     if not 0 <= result[0] <= 100 or result[1] < 1:
         raise ValueError(f"{ENV_RESERVE_ADMISSION}={text!r}: expected <percent in 0..100>[/<pieces >= 1>]")
     return result
-
-
-def range_manager_enabled() -> bool:
-    """Whether ``TagmaKVCacheManager(...)`` builds a range-native manager (prefix caching off or on)."""
-    return os.environ.get(ENV_RANGE_MANAGER, "1").strip() != "0"
 
 
 def unsupported_feature(kv_cache_config: KVCacheConfig, args: dict[str, Any]) -> str | None:
@@ -130,34 +120,15 @@ def unsupported_feature(kv_cache_config: KVCacheConfig, args: dict[str, Any]) ->
 class TagmaKVCacheManager(KVCacheManager):
     """``KVCacheManager`` whose block placement comes from a tagma :class:`RangeEngine`.
 
+    The block-object variant (``$TAGMA_RANGE_MANAGER`` = ``0``) and the base of the range-native managers;
+    which one serves a configuration is decided outside them, by :mod:`tagma.core.registry`.
+
     Takes the installed vLLM's constructor arguments (passed through unchanged) plus ``placement_policy``
     (``first_fit`` | ``best_fit`` | ``headroom``; default ``$TAGMA_PLACEMENT`` or headroom). Raises
     ``TagmaUnsupported("<feature>")`` (a ``ValueError``) for configurations it cannot serve.
     """
 
     block_pool: TagmaBlockPool
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> TagmaKVCacheManager:
-        if cls is TagmaKVCacheManager and range_manager_enabled():
-            kwargs.pop("placement_policy", None)
-            eviction = kwargs.pop("prefix_eviction", None)
-            try:
-                bound = _SIGNATURE.bind(None, *args, **kwargs)
-            except TypeError:
-                bound = None  # __init__ reports the bad arguments
-            if bound is not None:
-                bound.apply_defaults()
-                if not bound.arguments.get("enable_caching", True):
-                    if eviction is not None:
-                        raise TypeError("prefix_eviction applies with prefix caching on only")
-                    from tagma.core.range_manager import RangeKVCacheManager
-
-                    cls = RangeKVCacheManager
-                else:
-                    from tagma.core.prefix_manager import PrefixKVCacheManager
-
-                    cls = PrefixKVCacheManager
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -167,7 +138,7 @@ class TagmaKVCacheManager(KVCacheManager):
         placement_policy: str | int | Policy | None = None,
         **kwargs: Any,
     ) -> None:
-        bound = _SIGNATURE.bind(self, kv_cache_config, max_model_len, *args, **kwargs)
+        bound = SIGNATURE.bind(self, kv_cache_config, max_model_len, *args, **kwargs)
         bound.apply_defaults()
         feature = unsupported_feature(kv_cache_config, bound.arguments)
         if feature is not None:

@@ -2,8 +2,8 @@
 
 :class:`PrefixKVCacheManager` is :class:`~tagma.core.range_manager.RangeKVCacheManager` (per-request state:
 an engine request and a count; no ``KVCacheBlock`` on hot paths) plus the engine's hash-less prefix index
-(a trie of full blocks keyed by token ids, :mod:`tagma.prefix_index`, whose binding reads a request's token
-list in C: no per-token Python work). vLLM's block hashes are neither computed nor read: the engine core
+(a trie of full blocks keyed by token ids, :mod:`tagma.engine.prefix_index`, whose binding reads a request's
+token list in C: no per-token Python work). vLLM's block hashes are neither computed nor read: the engine core
 builds its requests without a block hasher (:func:`tagma.core.scheduler.install_hashless_hook`, keyed on
 ``uses_block_hashes = False``).
 
@@ -40,12 +40,12 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.request import Request, RequestStatus
 
-from tagma.contract import ENV_PREFIX_EVICTION
-from tagma.core.manager import _SIGNATURE
+from tagma.contract import DEFAULT_PREFIX_EVICTION, ENV_PLACEMENT, ENV_PREFIX_EVICTION
+from tagma.core.manager import SIGNATURE
 from tagma.core.range_manager import RangeBlocks, RangeKVCacheManager
 from tagma.engine import Policy, _raise
+from tagma.engine.prefix_index import EvictionMode, PrefixIndex
 from tagma.errors import TagmaUnsupported
-from tagma.prefix_index import EvictionMode, PrefixIndex
 
 __all__ = ["ENV_PREFIX_EVICTION", "HitBlocks", "PrefixKVCacheManager"]
 
@@ -53,7 +53,7 @@ logger = logging.getLogger("vllm.tagma")
 
 # Contiguity-aware eviction by default: with a pool full of cached blocks, growing requests stay in few
 # ranges (exact LRU, "lru", keeps vLLM's eviction order).
-DEFAULT_EVICTION = "contiguous"
+DEFAULT_EVICTION = DEFAULT_PREFIX_EVICTION
 
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 _NO_TOKENS = "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
@@ -118,7 +118,8 @@ class HitBlocks(KVCacheBlocks):
 
 
 class PrefixKVCacheManager(RangeKVCacheManager):
-    """``KVCacheManager`` for prefix caching on, built through ``TagmaKVCacheManager(...)`` (same arguments;
+    """``KVCacheManager`` for prefix caching on, built through
+    :func:`tagma.core.registry.build_kv_cache_manager` (same arguments;
     ``prefix_eviction``: ``lru`` | ``contiguous``, default ``$TAGMA_PREFIX_EVICTION`` or contiguous)."""
 
     uses_block_hashes = False  # the engine core builds requests without vLLM's block hasher
@@ -132,7 +133,7 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         **kwargs: Any,
     ) -> None:
         placement = kwargs.pop("placement_policy", None)
-        bound = _SIGNATURE.bind(None, kv_cache_config, max_model_len, *args, **kwargs)
+        bound = SIGNATURE.bind(None, kv_cache_config, max_model_len, *args, **kwargs)
         bound.apply_defaults()
         arguments = dict(bound.arguments)
         arguments.pop("self")
@@ -159,11 +160,13 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         arguments["enable_caching"] = False
         super().__init__(**arguments, placement_policy=placement)
         if self._reserve:  # RESERVE's admission (a declined first append) is the range manager's path only
-            raise TagmaUnsupported("TAGMA_PLACEMENT=reserve with prefix caching on (use it with caching off)")
+            raise TagmaUnsupported(
+                f"{ENV_PLACEMENT}=reserve with prefix caching on (use it with caching off)"
+            )
         self.enable_caching = True
         if mode == EvictionMode.CONTIGUOUS and self.policy != Policy.HEADROOM:
             raise TagmaUnsupported(
-                f"TAGMA_PLACEMENT={self.policy.name.lower()} with TAGMA_PREFIX_EVICTION=contiguous (its "
+                f"{ENV_PLACEMENT}={self.policy.name.lower()} with {ENV_PREFIX_EVICTION}=contiguous (its "
                 "placement is its own: headroom with the neighbours' growth hints); use headroom or lru"
             )
         self.index = PrefixIndex(self.engine, self.block_size, mode)

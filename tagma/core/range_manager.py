@@ -24,9 +24,9 @@ Which methods apply the queued appends (``_flush``) first: ``free``, ``pop_block
 is still queued for creation, and every block-id accessor of a pending :class:`RangeBlocks`. A subclass that
 reads or changes engine state must call ``_flush()`` before it does.
 
-With prefix caching on, :class:`tagma.core.manager.TagmaKVCacheManager` keeps vLLM's block objects (their
-hashes are the prefix-cache index). ``TagmaKVCacheManager(...)`` returns this class when caching is off,
-unless ``$TAGMA_RANGE_MANAGER`` is ``0``.
+:class:`tagma.core.manager.TagmaKVCacheManager` (``$TAGMA_RANGE_MANAGER`` = ``0``) keeps vLLM's block
+objects (their hashes are the prefix-cache index). :func:`tagma.core.registry.build_kv_cache_manager` builds
+this class when caching is off, unless ``$TAGMA_RANGE_MANAGER`` is ``0``.
 """
 
 from __future__ import annotations
@@ -156,9 +156,10 @@ class RangeBlocks(KVCacheBlocks):
 class RangeKVCacheManager(TagmaKVCacheManager):
     """``KVCacheManager`` for prefix caching off whose per-request state is an engine request and a count.
 
-    Built through ``TagmaKVCacheManager(...)`` (same arguments). Keeps vLLM's outcomes: the same blocks
-    needed per step, the same admission decisions (free count, watermark, reserved blocks, full-sequence
-    admission), the same usage; only which physical blocks differ (the engine places them as ranges).
+    Built through :func:`tagma.core.registry.build_kv_cache_manager` (same arguments). Keeps vLLM's
+    outcomes: the same blocks needed per step, the same admission decisions (free count, watermark, reserved
+    blocks, full-sequence admission), the same usage; only which physical blocks differ (the engine places
+    them as ranges).
     """
 
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, *args: Any, **kwargs: Any) -> None:

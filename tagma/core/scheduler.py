@@ -2,9 +2,9 @@
 
 vLLM has no option for the KV cache manager: ``Scheduler.__init__`` builds ``KVCacheManager(...)`` by the
 name imported into ``vllm.v1.core.sched.scheduler``. These subclasses bind that name to
-:class:`tagma.core.manager.TagmaKVCacheManager` for the duration of their own construction only, so any other
-scheduler in the process keeps vLLM's manager. The engine core resolves
-``scheduler_config.scheduler_cls`` by qualified name and calls it with keyword arguments;
+:func:`tagma.core.registry.build_kv_cache_manager` (which picks the tagma manager class) for the
+duration of their own construction only, so any other scheduler in the process keeps vLLM's manager. The
+engine core resolves ``scheduler_config.scheduler_cls`` by qualified name and calls it with keyword arguments;
 :class:`TagmaScheduler` then picks the async or the sync base exactly as vLLM's ``get_scheduler_cls`` does.
 
 Request hashing: the engine core builds its per-request block hasher (``request_block_hasher``, a sha256
@@ -26,7 +26,7 @@ from vllm.v1.core.sched import scheduler as scheduler_module
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from tagma.core.manager import TagmaKVCacheManager
+from tagma.core.registry import build_kv_cache_manager
 from tagma.selector import SCHEDULER_QUALNAME
 
 __all__ = [
@@ -90,7 +90,7 @@ def _construct_with_tagma_manager(init: Any, scheduler: Scheduler, args: tuple, 
     # concurrently by another thread (or after an exception here) gets vLLM's own KVCacheManager.
     with _construction_lock:
         stock = scheduler_module.KVCacheManager
-        scheduler_module.KVCacheManager = TagmaKVCacheManager  # type: ignore[misc]
+        scheduler_module.KVCacheManager = build_kv_cache_manager  # type: ignore[misc]
         try:
             init(scheduler, *args, **kwargs)
         finally:
@@ -104,7 +104,7 @@ def _async_scheduling(args: tuple, kwargs: dict) -> bool:
 
 
 class TagmaAsyncScheduler(AsyncScheduler):
-    """``AsyncScheduler`` whose ``kv_cache_manager`` is a ``TagmaKVCacheManager``."""
+    """``AsyncScheduler`` whose ``kv_cache_manager`` is a tagma one (:mod:`tagma.core.registry`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Build vLLM's ``AsyncScheduler`` with a tagma KV cache manager.
@@ -117,7 +117,7 @@ class TagmaAsyncScheduler(AsyncScheduler):
 
 
 class TagmaScheduler(Scheduler):
-    """``Scheduler`` whose ``kv_cache_manager`` is a ``TagmaKVCacheManager``.
+    """``Scheduler`` whose ``kv_cache_manager`` is a tagma one (:mod:`tagma.core.registry`).
 
     Called with an async-scheduling config it returns a :class:`TagmaAsyncScheduler` instead (fully
     built; Python then skips ``__init__``), as vLLM picks ``AsyncScheduler`` over ``Scheduler``.

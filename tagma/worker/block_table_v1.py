@@ -8,19 +8,14 @@ arithmetic from each request's first position: one engine call per step on CPU
 kernel on a GPU. Output goes into vLLM's own
 ``slot_mapping`` buffer with vLLM's padding (PAD_SLOT_ID = -1 up to ``max_num_batched_tokens``).
 
-:func:`install` swaps it in for ``vllm.v1.worker.block_table.BlockTable`` (the name that
-``MultiGroupBlockTable`` instantiates) and, for Model Runner V2, installs :mod:`tagma.worker.block_tables_v2`
-(its ``BlockTables`` and, through vLLM's kernel dispatcher, its slot-mapping kernel).
+:func:`install_v1` swaps it in for ``vllm.v1.worker.block_table.BlockTable`` (the name that
+``MultiGroupBlockTable`` instantiates); :mod:`tagma.worker.install` installs the whole worker write path
+(this and, for Model Runner V2, :mod:`tagma.worker.block_tables_v2`).
 """
 
 from __future__ import annotations
 
-import atexit
-import json
 import logging
-import os
-import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,90 +24,17 @@ from vllm.v1.worker import block_table as v1_block_table
 from vllm.v1.worker.block_table import BlockTable, SlotMappingMode
 
 from tagma import engine
-from tagma.contract import ENV_WRITE_PATH_FILE
 from tagma.errors import TagmaUnsupported
 from tagma.worker.range_rows import RangeRows
+from tagma.worker.write_path_counter import counter
 
-__all__ = ["RangeBlockTable", "WritePathCounter", "counter", "install", "installed", "uninstall"]
+__all__ = ["RangeBlockTable", "install_v1", "installed_v1", "uninstall_v1"]
 
 _STOCK_BLOCK_TABLE = BlockTable
 logger = logging.getLogger("vllm.tagma.write_path")
 
-ENV_COUNTER_FILE = ENV_WRITE_PATH_FILE
-ENV_COUNTER_INTERVAL = "TAGMA_WRITE_PATH_INTERVAL_S"
 _INT32 = torch.int32
 _INT64 = torch.int64
-
-
-class WritePathCounter:
-    """Slot-mapping calls and positions that went through tagma's write path in this process.
-
-    With ``TAGMA_WRITE_PATH_FILE`` set, the worker rewrites that file (atomically, one JSON object) on its
-    first call and then at most every ``TAGMA_WRITE_PATH_INTERVAL_S`` seconds (default 1.0; 0: every call),
-    and once more at exit: a server whose file stays absent or at zero never used the range write path.
-    ``{pid}`` in the path is replaced by the process id (one file per worker).
-    """
-
-    def __init__(self, path: str, interval_s: float) -> None:
-        self.path = Path(path.replace("{pid}", str(os.getpid())))
-        self.interval_s = interval_s
-        self.calls = 0
-        self.positions = 0
-        self.host_calls = 0
-        self.device_calls = 0
-        self.block_size = 0
-        self._next = 0.0
-
-    @classmethod
-    def from_env(cls) -> WritePathCounter | None:
-        path = os.environ.get(ENV_COUNTER_FILE)
-        if not path:
-            return None
-        return cls(path, float(os.environ.get(ENV_COUNTER_INTERVAL, "1.0")))
-
-    def add(self, positions: int, on_host: bool, block_size: int) -> None:
-        self.calls += 1
-        self.positions += positions
-        if on_host:
-            self.host_calls += 1
-        else:
-            self.device_calls += 1
-        self.block_size = block_size
-        now = time.monotonic()
-        if now >= self._next:
-            self._next = now + self.interval_s
-            self.write()
-
-    def record(self) -> dict[str, Any]:
-        return {
-            "pid": os.getpid(),
-            "t": time.time(),
-            "calls": self.calls,
-            "positions": self.positions,
-            "host_calls": self.host_calls,
-            "device_calls": self.device_calls,
-            "block_size": self.block_size,
-        }
-
-    def write(self) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.record()), encoding="utf-8")
-        os.replace(tmp, self.path)
-
-
-_counter: WritePathCounter | None = None
-_counter_read = False
-
-
-def counter() -> WritePathCounter | None:
-    """This process's counter (None unless ``TAGMA_WRITE_PATH_FILE`` is set), made on first use."""
-    global _counter, _counter_read
-    if not _counter_read:
-        _counter_read = True
-        _counter = WritePathCounter.from_env()
-        if _counter is not None:
-            atexit.register(_counter.write)
-    return _counter
 
 
 class RangeBlockTable(BlockTable):
@@ -237,23 +159,15 @@ class RangeBlockTable(BlockTable):
         )
 
 
-def install(use_v2_model_runner: bool) -> None:
-    """Route the worker's KV-write slot mapping through range descriptors (idempotent)."""
+def install_v1() -> None:
+    """Model Runner V1's ``MultiGroupBlockTable`` builds :class:`RangeBlockTable` (idempotent)."""
     v1_block_table.BlockTable = RangeBlockTable  # type: ignore[misc]
-    if use_v2_model_runner:
-        from tagma.worker.block_tables_v2 import install_v2
-
-        install_v2()
 
 
-def uninstall() -> None:
-    """Undo :func:`install` (tests)."""
+def uninstall_v1() -> None:
+    """Undo :func:`install_v1` (tests)."""
     v1_block_table.BlockTable = _STOCK_BLOCK_TABLE  # type: ignore[misc]
-    from sys import modules
-
-    if "tagma.worker.block_tables_v2" in modules:
-        modules["tagma.worker.block_tables_v2"].uninstall_v2()
 
 
-def installed() -> bool:
+def installed_v1() -> bool:
     return v1_block_table.BlockTable is RangeBlockTable

@@ -25,11 +25,18 @@ from vllm.v1.worker.gpu import model_runner as v2_model_runner
 from vllm.v1.worker.gpu.block_table import BlockTables
 
 from tagma.errors import TagmaUnsupported
-from tagma.worker.block_table_v1 import counter
 from tagma.worker.range_rows import RangeRows
 from tagma.worker.triton_slot_mapping import compute_slot_mapping_ranges
+from tagma.worker.write_path_counter import counter
 
-__all__ = ["KERNEL_NAME", "RangeBlockTables", "install_v2", "slot_mappings_from_ranges", "uninstall_v2"]
+__all__ = [
+    "KERNEL_NAME",
+    "RangeBlockTables",
+    "install_v2",
+    "installed_v2",
+    "slot_mappings_from_ranges",
+    "uninstall_v2",
+]
 
 KERNEL_NAME = "vllm.v1.worker.gpu.block_table._compute_slot_mappings_kernel"
 _STOCK_BLOCK_TABLES = BlockTables
@@ -131,3 +138,7 @@ def uninstall_v2() -> None:
     registered = dispatcher._registry.pop(KERNEL_NAME, None)
     if registered is not None:
         v2_block_table._compute_slot_mappings_kernel = registered[0]
+
+
+def installed_v2() -> bool:
+    return v2_model_runner.BlockTables is RangeBlockTables

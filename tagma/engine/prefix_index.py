@@ -23,7 +23,7 @@ than ctypes'). ``make bench-host`` (section ``prefix_index``) re-measures all of
 
 Functions are bound once (ctypes prototypes for the engine, the reader's function); a call does no
 Python-side validation that the engine repeats (it validates every argument and the binding raises its
-status as a :class:`tagma.engine.TagmaError`).
+status as a :class:`tagma.errors.TagmaError`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ from typing import Any, Final
 
 import numpy as np
 
-from tagma.engine import I32Array, RangeEngine, _load, _raise, library_path, parse_member
+from tagma.engine.abi import I32Array, parse_member
+from tagma.engine.loader import _load, _raise, library_path
+from tagma.engine.range_engine import RangeEngine
 
 __all__ = ["EvictionMode", "PrefixIndex", "PrefixStats", "pylist_available"]
 

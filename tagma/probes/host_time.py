@@ -1,7 +1,7 @@
 """Host CPU time per scheduler step inside a vLLM server: the record format and its buffered writer.
 
 Standard library only (the harness reads these files without importing vLLM); the wrappers that produce the
-numbers live in :mod:`tagma.host_time_hooks`.
+numbers live in :mod:`tagma.probes.host_time_hooks`.
 
 ``TAGMA_HOST_TIME_FILE`` (a path, e.g. ``<run>/host_time.jsonl``) switches the instrumentation on; unset,
 nothing is wrapped. Every instrumented process writes its own file next to it, named

@@ -1,4 +1,6 @@
-"""The wrappers that measure host CPU time per step inside a vLLM server (records: :mod:`tagma.host_time`).
+"""The wrappers that measure host CPU time per step inside a vLLM server.
+
+Records: :mod:`tagma.probes.host_time`.
 
 Installed by the plugin in every vLLM process for both backends, through the same code:
 
@@ -32,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tagma.contract import ENV_TELEMETRY_FILE
-from tagma.host_time import ENV_FILE, ChunkWriter, interval_from_env, process_file
+from tagma.probes.host_time import ENV_FILE, ChunkWriter, interval_from_env, process_file
 
 __all__ = [
     "KV_MANAGER_METHODS",
@@ -118,7 +120,7 @@ class SchedulerClock:
     def end_update(self, total_ns: int) -> None:
         kv, calls = self.kv_ns, self.kv_calls
         p = self.pending.popleft() if self.pending else (0, 0, 0, 0, 0, 0, 0, 0)
-        # Row order: tagma.host_time.COLUMNS["scheduler"].
+        # Row order: tagma.probes.host_time.COLUMNS["scheduler"].
         row = (
             self.step, p[0], kv[UPDATE], p[1], p[2], total_ns - kv[UPDATE], p[3], calls[UPDATE], p[4],
             p[5], p[6], p[7], time.time_ns(),
@@ -178,14 +180,14 @@ def instrument_kv_manager(manager: Any, clock: SchedulerClock = SCHEDULER_CLOCK,
 
 
 def _attach_paged_telemetry(manager: Any) -> None:
-    """The paged arm's placement telemetry: the same :class:`tagma.telemetry.Telemetry` tagma's manager
+    """The paged arm's placement telemetry: the same :class:`tagma.probes.telemetry.Telemetry` tagma's manager
     keeps, stepped from ``new_step_starts`` as tagma's override does. Tagma's manager makes its own."""
     tagma_manager = sys.modules.get("tagma.core.manager")
     if tagma_manager is not None and isinstance(manager, tagma_manager.TagmaKVCacheManager):
         return
     if "telemetry" in manager.__dict__:
         return
-    from tagma.telemetry import Telemetry
+    from tagma.probes.telemetry import Telemetry
 
     telemetry = Telemetry("paged", manager=manager)
     step = manager.new_step_starts
@@ -315,7 +317,7 @@ class WorkerClock:
     def end(self, scheduler_output: Any, wall_ns: int) -> None:
         self.active = False
         u, p = self.update_states_ns, self.prepare_inputs_ns
-        # Row order: tagma.host_time.COLUMNS["worker"].
+        # Row order: tagma.probes.host_time.COLUMNS["worker"].
         row = (
             self.step, u, p, u + p, self.block_table_ns, self.block_table_calls,
             len(scheduler_output.num_scheduled_tokens), int(scheduler_output.total_num_scheduled_tokens),

@@ -1,0 +1,100 @@
+"""Which tagma KV cache manager serves which KV cache spec and options: the registry outside the managers.
+
+Like vLLM's ``spec_manager_map`` and ``get_manager_for_kv_cache_spec``
+(``vllm.v1.core.single_type_kv_cache_manager``): :data:`spec_manager_map` maps a KV cache spec type to the
+manager class of each variant, and :func:`build_kv_cache_manager` (what :mod:`tagma.core.scheduler` binds in
+place of vLLM's ``KVCacheManager``) picks one from the spec and the options, then builds it. The managers
+never choose among themselves; a new manager (sliding window, state layers) is one class plus one entry.
+
+Variants of one spec:
+
+* :data:`RANGES`: prefix caching off (:class:`~tagma.core.range_manager.RangeKVCacheManager`);
+* :data:`PREFIX_INDEX`: prefix caching on (:class:`~tagma.core.prefix_manager.PrefixKVCacheManager`);
+* :data:`BLOCK_OBJECTS`: ``$TAGMA_RANGE_MANAGER`` = ``0``, vLLM's block objects and hashes
+  (:class:`~tagma.core.manager.TagmaKVCacheManager`).
+
+A configuration the chosen class cannot serve (a spec without an entry, several KV cache groups) is refused
+by that class's constructor: such configurations get the :data:`DEFAULT_SPEC` entry, whose managers raise
+``TagmaUnsupported`` naming the feature.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Final
+
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
+
+from tagma.contract import DEFAULT_RANGE_MANAGER, ENV_RANGE_MANAGER
+from tagma.core.manager import SIGNATURE, TagmaKVCacheManager
+from tagma.core.prefix_manager import PrefixKVCacheManager
+from tagma.core.range_manager import RangeKVCacheManager
+
+__all__ = [
+    "BLOCK_OBJECTS",
+    "DEFAULT_SPEC",
+    "PREFIX_INDEX",
+    "RANGES",
+    "build_kv_cache_manager",
+    "get_manager_class",
+    "manager_variant",
+    "range_manager_enabled",
+    "spec_manager_map",
+]
+
+RANGES: Final = "ranges"
+PREFIX_INDEX: Final = "prefix_index"
+BLOCK_OBJECTS: Final = "block_objects"
+
+spec_manager_map: dict[type[KVCacheSpec], dict[str, type[TagmaKVCacheManager]]] = {
+    FullAttentionSpec: {
+        RANGES: RangeKVCacheManager,
+        PREFIX_INDEX: PrefixKVCacheManager,
+        BLOCK_OBJECTS: TagmaKVCacheManager,
+    },
+}
+DEFAULT_SPEC: Final[type[KVCacheSpec]] = FullAttentionSpec
+
+
+def range_manager_enabled() -> bool:
+    """Whether the range-native managers serve (prefix caching off or on): ``$TAGMA_RANGE_MANAGER`` != 0."""
+    return os.environ.get(ENV_RANGE_MANAGER, DEFAULT_RANGE_MANAGER).strip() != "0"
+
+
+def manager_variant(enable_caching: bool, range_manager: bool | None = None) -> str:
+    """The variant for these options; ``range_manager`` None reads ``$TAGMA_RANGE_MANAGER``."""
+    if not (range_manager_enabled() if range_manager is None else range_manager):
+        return BLOCK_OBJECTS
+    return PREFIX_INDEX if enable_caching else RANGES
+
+
+def get_manager_class(kv_cache_config: KVCacheConfig, variant: str) -> type[TagmaKVCacheManager]:
+    """The manager class of ``variant`` for the config's KV cache spec (by exact type; else the
+    :data:`DEFAULT_SPEC` entry, whose constructor refuses what it cannot serve)."""
+    groups = kv_cache_config.kv_cache_groups
+    spec_type = type(groups[0].kv_cache_spec) if len(groups) == 1 else DEFAULT_SPEC
+    managers = spec_manager_map.get(spec_type) or spec_manager_map[DEFAULT_SPEC]
+    return managers[variant]
+
+
+def build_kv_cache_manager(*args: Any, **kwargs: Any) -> TagmaKVCacheManager:
+    """A tagma KV cache manager for vLLM's ``KVCacheManager(...)`` arguments.
+
+    Takes ``KVCacheManager.__init__``'s arguments plus ``placement_policy`` and (prefix caching on only)
+    ``prefix_eviction``; raises ``TypeError`` for ``prefix_eviction`` with caching off, as for any argument
+    ``KVCacheManager`` does not take.
+    """
+    options = dict(kwargs)
+    options.pop("placement_policy", None)
+    eviction = options.pop("prefix_eviction", None)
+    try:
+        bound = SIGNATURE.bind(None, *args, **options)
+    except TypeError:
+        bound = None  # the block-object manager's constructor reports the bad arguments
+    if bound is None:
+        return TagmaKVCacheManager(*args, **kwargs)
+    bound.apply_defaults()
+    variant = manager_variant(bool(bound.arguments.get("enable_caching", True)))
+    if variant == RANGES and eviction is not None:
+        raise TypeError("prefix_eviction applies with prefix caching on only")
+    return get_manager_class(bound.arguments["kv_cache_config"], variant)(*args, **kwargs)
