@@ -175,6 +175,34 @@ class FakeTagmaManager(FakeManager):
         super().new_step_starts()
 
 
+class LazyIds(list):
+    """Plays tagma's RangeBlocks: the ids exist only once the manager's deferred work has run."""
+
+    def __init__(self, manager: FakeDeferringManager, n: int) -> None:
+        super().__init__()
+        self.manager, self.n = manager, n
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        if not list.__len__(self):
+            self.manager._flush()
+            self.extend(range(self.n))
+        return list.__iter__(self)
+
+
+class FakeDeferringManager(FakeManager):
+    """Plays tagma's range manager: allocate_slots only queues; the engine call (``_flush``, 700 ns) runs when
+    the scheduler first reads the new ids, outside any manager method."""
+
+    DEFERRED_WORK_METHODS = ("_flush",)
+
+    def allocate_slots(self, request: Any, n: int) -> list[int]:  # type: ignore[override]
+        CLOCK.burn(300)
+        return LazyIds(self, n)
+
+    def _flush(self) -> None:
+        CLOCK.burn(700)
+
+
 @dataclass
 class FakeNewReq:
     block_ids: tuple[list[int], ...]
@@ -206,10 +234,10 @@ class FakeScheduler:
         CLOCK.burn(5000)
         if self.step == 0:
             m.get_computed_blocks("a")
-            ids = m.allocate_slots("a", 3)
+            ids = list(m.allocate_slots("a", 3))  # building the step's output reads the new ids
             self.step += 1
             return FakeOutput({"a": 40}, 40, [FakeNewReq((ids,))])
-        ids = m.allocate_slots("a", 1)
+        ids = list(m.allocate_slots("a", 1))
         self.step += 1
         return FakeOutput({"a": 1}, 1, [], FakeCached([(ids,)]))
 
@@ -305,6 +333,17 @@ def test_async_order_pairs_each_schedule_with_its_own_update(monkeypatch: pytest
     rows = [dict(zip(COLUMNS["scheduler"], r, strict=True)) for r in writer.rows]
     assert [(r["step"], r["num_tokens"], r["kv_manager_ns"]) for r in rows] == [(0, 40, 1111), (1, 1, 1011)]
     assert [r["update_kv_manager_ns"] for r in rows] == [600, 600]  # each update's own frees
+
+
+def test_deferred_work_is_charged_to_the_kv_manager_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ids a deferring manager returns are read by the scheduler's own code (here: the step's context
+    counts the new block ids); the deferred engine call is still the manager's time, not schedule_other."""
+    rows = _run_fake(FakeDeferringManager, tick=0, monkeypatch=monkeypatch)
+    first = rows[0]
+    # new_step_starts 1 + get_computed_blocks 100 + allocate_slots 300 + the deferred _flush 700
+    assert first["kv_manager_ns"] == 1101 and first["kv_calls"] == 4
+    assert first["schedule_other_ns"] == 5000  # as for vLLM's manager: only the scheduler's own work
+    assert first["new_block_ids"] == 3
 
 
 class FakeBlockTable:

@@ -162,6 +162,10 @@ class RangeKVCacheManager(TagmaKVCacheManager):
     them as ranges).
     """
 
+    # Work allocate_slots defers (the queued appends, one engine call) and runs when a block id is first
+    # read, possibly from the scheduler's own code: in-server host time charges it to the manager.
+    DEFERRED_WORK_METHODS = ("_flush",)
+
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, *args: Any, **kwargs: Any) -> None:
         super().__init__(kv_cache_config, max_model_len, *args, **kwargs)
         if self.enable_caching:

@@ -169,10 +169,18 @@ def _timed_kv_method(bound: Callable[..., Any], clock: SchedulerClock) -> Callab
 
 def instrument_kv_manager(manager: Any, clock: SchedulerClock = SCHEDULER_CLOCK,
                           methods: tuple[str, ...] | None = None) -> None:
-    """Replace the manager's public methods by timed instance attributes (idempotent)."""
+    """Replace the manager's public methods, and the methods it names in ``DEFERRED_WORK_METHODS``, by timed
+    instance attributes (idempotent).
+
+    A manager that defers work out of its public methods (tagma's range managers queue appends in
+    ``allocate_slots`` and apply them in ``_flush`` when a block id is first read, which may be in the
+    scheduler's own code) names the methods that do it; timing them as KV manager work charges the work to
+    the manager wherever it runs. Inside a timed public method they are not counted twice.
+    """
     if manager.__dict__.get(_INSTRUMENTED):
         return
-    for name in KV_MANAGER_METHODS if methods is None else methods:
+    names = KV_MANAGER_METHODS if methods is None else methods
+    for name in (*names, *getattr(type(manager), "DEFERRED_WORK_METHODS", ())):
         bound = getattr(manager, name, None)
         if callable(bound):
             setattr(manager, name, _timed_kv_method(bound, clock))
