@@ -12,7 +12,7 @@ CSRC := $(wildcard tagma/csrc/*.h tagma/csrc/*.cpp tagma/csrc/*.map tagma/csrc/C
 JOBS ?= 2
 
 .PHONY: setup engine tiny-model test test-fast test-cpp sanitize fuzz lint clean bench-cpu bench-cpu-128k \
-	bench-cpu-mooncake bench-gpu bench-host bench-inserver bench-gpu-kernels plots sweep sweep-report
+	bench-cpu-mooncake bench-gpu bench-host bench-inserver bench-gpu-kernels plots sweep sweep-report slurm-deps
 
 setup: $(SETUP_STAMP) $(ENGINE_LIB)
 
@@ -128,6 +128,15 @@ sweep: setup tiny-model
 
 sweep-report: setup
 	$(PY) -m harness.sweep_report results/sweeps/$(SWEEP)
+
+# SLURM and munge (Debian's slurm-wlm 22.05) for tests/test_slurm_cluster.py, which starts a one-node cluster
+# of its own (tests/slurm_cluster.py; nothing system-wide is configured). As root; skipped when installed.
+SLURM_BINS := munged slurmctld slurmd sbatch srun sinfo squeue scontrol scancel
+slurm-deps:
+	@if (for b in $(SLURM_BINS); do PATH="$$PATH:/usr/sbin:/sbin" command -v $$b > /dev/null || exit 1; done); then :; \
+	elif [ "$$(id -u)" != 0 ]; then echo "slurm-deps: run as root (apt-get)"; exit 2; \
+	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		slurmctld slurmd slurm-client munge > /dev/null; fi
 
 lint: setup
 	$(VENV)/bin/ruff check tagma harness tests benchmarks
