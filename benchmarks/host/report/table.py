@@ -167,7 +167,7 @@ def summary_table(rows: list[dict[str, Any]], guide: dict[str, Any] | None = Non
     fast = next((r.get("fast_hash") or "fast hash" for r in rows if r.get("paged_fast") is not None), None)
     head = ["metric", "context", "paged", "tagma", "unit", "tagma/paged", "target", "met", "note"]
     if fast is not None:  # vLLM with its faster hash, on the rows that time vLLM's hashing
-        head[5:5] = [f"paged {fast}", f"tagma/{fast}"]
+        head[6:6] = [f"paged {fast}", f"tagma/{fast}"]
     notes: list[str] = []
     body = []
     for r in rows:
@@ -187,7 +187,7 @@ def summary_table(rows: list[dict[str, Any]], guide: dict[str, Any] | None = Non
             mark,
         ]
         if fast is not None:
-            line[5:5] = [fmt(r.get("paged_fast")), fmt(r.get("tagma/paged_fast"))]
+            line[6:6] = [fmt(r.get("paged_fast")), fmt(r.get("tagma/paged_fast"))]
         body.append(line)
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=True)]
     lines = [
