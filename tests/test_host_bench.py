@@ -101,6 +101,7 @@ def test_paired_paths_computed_the_same(smoke: tuple[dict[str, Any], Path]) -> N
         "prefix_ops_outcomes_identical": True,
         "write_path_slot_mappings_identical": True,
         "block_table_slot_mappings_identical": True,
+        "fast_hash_outcomes_identical": True,
     }
     manager = result["sections"]["manager"]
     assert manager["outcomes_compared"] > 50
@@ -138,3 +139,32 @@ def test_sections_cover_the_configured_sizes(smoke: tuple[dict[str, Any], Path])
         assert trace["paged_vllm_blockpool"]["finished"] == trace["jobs"]
     assert sections["profile"]["admission_free_caching_on_tagma"]["top"]
     assert result["headline"] and all("met" in row for row in result["headline"])
+
+
+def test_vllm_with_xxhash_is_a_third_side_where_hashing_is_timed(smoke: tuple[dict[str, Any], Path]) -> None:
+    result, _ = smoke
+    assert result["config"]["vllm_fast_hash"] == "xxhash"
+    prefix = result["sections"]["prefix_ops"]
+    assert prefix["fast_hash"]["algo"] == "xxhash" and prefix["fast_hash"]["side"] == "paged_xxhash"
+    assert prefix["fast_hash_outcomes_identical"] is True
+    for e in prefix["admission_free_hashed"]:
+        fast = e["paged_xxhash"]
+        assert fast["repeats"] == e["paged"]["repeats"] == e["tagma"]["repeats"]  # the same rounds
+        assert math.isclose(e["ratio_vs_fast_hash"], e["tagma"]["median"] / fast["median"], rel_tol=1e-9)
+        assert e["ratio_paired_vs_fast_hash"] > 0 and e["fast_hash"]["algo"] == "xxhash"
+    assert all("paged_xxhash" not in e for e in prefix["prefix_hit_lookup"])  # its hashing is not timed
+    trace = result["sections"]["trace_replay"]
+    assert trace["sides"]["paged_xxhash"]["hash_algo"] == "xxhash"
+    assert trace["same_hits_per_request_vs_paged"]["paged_xxhash"] is True
+    assert trace["fast_hash"]["paged_xxhash"]["same_hits_as_sha256"] is True
+    headline = result["headline"]
+    top = max(result["config"]["headline_contexts"])
+    (fast_row,) = [r for r in headline if "vs vLLM with xxhash" in r["metric"]]
+    assert fast_row["context_tokens"] == top and isinstance(fast_row["met"], bool)
+    assert fast_row["target"] == result["targets"]["admission_free_prefix_hashed_xxhash"]
+    (sha_row,) = [r for r in headline if r["target"] == result["targets"]["admission_free_prefix_hashed"]]
+    assert sha_row["paged_fast"] == fast_row["paged"] and sha_row["tagma"] == fast_row["tagma"]
+    assert isinstance(sha_row["met"], bool) and sha_row["fast_hash"] == "xxhash"
+    with_column = [r["metric"] for r in headline if r.get("paged_fast") is not None]
+    assert len(with_column) == len(result["config"]["headline_contexts"]) + 1  # + the trace's admission
+    assert "paged xxhash" in result["summary_table"].splitlines()[0]

@@ -155,6 +155,8 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "block_table_slot_mappings_identical": result["sections"]
         .get("block_table_traffic", {})
         .get("all_identical"),
+        # vLLM with xxhash against vLLM with sha256: the same admissions, the same hits on the trace
+        "fast_hash_outcomes_identical": fast_hash_identical(result["sections"]),
     }
     result["headline"] = report.headline(result, cfg)
     result["baseline_vs_guide"] = report.baseline_vs_guide(result, cfg)
@@ -170,6 +172,18 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg.get("point_latest", True):
         point_latest(out_dir.parent / "latest", out_dir)
     return result
+
+
+def fast_hash_identical(sections: dict[str, Any]) -> bool | None:
+    """Whether vLLM's faster-hash side had sha256's outcomes wherever it ran (None: it ran nowhere)."""
+    found: list[bool] = []
+    prefix = sections.get("prefix_ops") or {}
+    if prefix.get("fast_hash_outcomes_identical") is not None:
+        found.append(bool(prefix["fast_hash_outcomes_identical"]))
+    trace = sections.get("trace_replay") or {}
+    same = trace.get("same_hits_per_request_vs_paged") or {}
+    found += [bool(same.get(name)) for name in trace.get("fast_hash") or {}]
+    return all(found) if found else None
 
 
 @hydra.main(config_path="../../configs", config_name="host_bench", version_base=None)

@@ -42,14 +42,15 @@ import torch
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_manager import KVCacheManager
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.request import Request, RequestStatus
 
+from benchmarks.host import hashing
 from benchmarks.host.timing import calibrate, interleaved, pair_entry, timed_ns
 from tagma.core.registry import build_kv_cache_manager as TagmaKVCacheManager
 
-__all__ = ["build_managers", "make_request", "run"]
+__all__ = ["build_managers", "make_request", "run", "vllm_manager"]
 
 init_none_hash(sha256)
 
@@ -63,24 +64,39 @@ def kv_cache_config(num_blocks: int, block_size: int) -> KVCacheConfig:
     )
 
 
-def build_managers(
-    num_blocks: int, block_size: int, max_model_len: int, caching: bool, policy: str
-) -> dict[str, KVCacheManager]:
-    config = kv_cache_config(num_blocks, block_size)
-    kwargs: dict[str, Any] = {
+def _manager_kwargs(block_size: int, max_model_len: int, caching: bool) -> dict[str, Any]:
+    return {
         "max_model_len": max_model_len,
         "scheduler_block_size": block_size,
         "hash_block_size": block_size,
         "enable_caching": caching,
         "log_stats": True,
     }
+
+
+def vllm_manager(num_blocks: int, block_size: int, max_model_len: int, caching: bool) -> KVCacheManager:
+    """vLLM's own manager alone (an extra vLLM side, e.g. one whose requests hash with xxhash)."""
+    config = kv_cache_config(num_blocks, block_size)
+    return KVCacheManager(config, **_manager_kwargs(block_size, max_model_len, caching))
+
+
+def build_managers(
+    num_blocks: int, block_size: int, max_model_len: int, caching: bool, policy: str
+) -> dict[str, KVCacheManager]:
+    config = kv_cache_config(num_blocks, block_size)
+    kwargs = _manager_kwargs(block_size, max_model_len, caching)
     return {
         "paged": KVCacheManager(config, **kwargs),
         "tagma": TagmaKVCacheManager(config, placement_policy=policy, **kwargs),
     }
 
 
-def make_request(request_id: str, tokens: list[int], block_size: int, caching: bool) -> Request:
+def make_request(
+    request_id: str, tokens: list[int], block_size: int, caching: bool, hash_algo: str = hashing.DEFAULT
+) -> Request:
+    """A vLLM request; with ``caching`` its block hasher (``hash_algo``, vLLM's prefix_caching_hash_algo)
+    hashes the prompt's full blocks here. A non-default algorithm's NONE_HASH must be in place
+    (:func:`benchmarks.host.hashing.use`)."""
     params = SamplingParams(max_tokens=1 << 20)
     params.update_from_generation_config({}, eos_token_id=1 << 30)
     return Request(
@@ -88,7 +104,7 @@ def make_request(request_id: str, tokens: list[int], block_size: int, caching: b
         prompt_token_ids=tokens,
         sampling_params=params,
         pooling_params=None,
-        block_hasher=get_request_block_hasher(block_size, sha256) if caching else None,
+        block_hasher=hashing.block_hasher(block_size, hash_algo) if caching else None,
     )
 
 

@@ -38,9 +38,14 @@ every successful admission, wall ns per request and per prompt token; refused at
 cost of building each request (vLLM's ``Request``, whose constructor hashes the prompt's blocks unless the
 manager says ``uses_block_hashes = False``, as tagma's scheduler then builds them), ``free`` cost, ranges
 per request at completion (runs of consecutive block ids in the request's block table, for every side),
-preemptions. ``infinite_pool_hit_rate`` is the trace's reuse bound at this block size: the share of prompt
-tokens whose blocks an earlier request already held; ``hits_over_reuse_bound`` counts a side's requests
-whose hit exceeds their own bound (a wrong hit; 0 expected).
+preemptions. With ``vllm_fast_hash`` set (xxhash by default in configs/host_bench.yaml) one more vLLM
+side, ``paged_xxhash``, is vLLM's manager whose requests hash with that algorithm
+(``--prefix-caching-hash-algo``): its request build is vLLM's cheapest, and its hits must equal sha256's
+(``same_hits_per_request_vs_paged``). Every side's NONE_HASH is vLLM's for its algorithm
+(:mod:`benchmarks.host.hashing`), put in place before the side's step. ``infinite_pool_hit_rate`` is
+the trace's reuse bound at this block size: the share of prompt tokens whose blocks an earlier request
+already held; ``hits_over_reuse_bound`` counts a side's requests whose hit exceeds their own bound (a wrong
+hit; 0 expected).
 The time cost of a step (the model's forward pass) is not modelled beyond ``step_ms``.
 """
 
@@ -57,9 +62,10 @@ import numpy as np
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_manager import KVCacheManager
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.request import Request, RequestStatus
 
+from benchmarks.host import hashing
 from benchmarks.host.manager_ops import kv_cache_config
 from benchmarks.host.trace_jobs import (
     OUTPUT_TOKEN_BASE,
@@ -76,6 +82,7 @@ from tagma.core.registry import build_kv_cache_manager as TagmaKVCacheManager
 __all__ = ["Side", "eviction_cost", "replay", "run", "runs_of_ids"]
 
 init_none_hash(sha256)
+
 
 def runs_of_ids(ids: Sequence[int]) -> int:
     """Runs of consecutive block ids (what a range descriptor of the block table would need)."""
@@ -128,15 +135,23 @@ class SideStats:
 class Side:
     """One manager under the scheduler model."""
 
-    def __init__(self, name: str, manager: KVCacheManager, cfg: ReplayConfig, jobs: Sequence[Job]) -> None:
+    def __init__(
+        self,
+        name: str,
+        manager: KVCacheManager,
+        cfg: ReplayConfig,
+        jobs: Sequence[Job],
+        hash_algo: str = hashing.DEFAULT,
+    ) -> None:
         self.name = name
+        self.hash_algo = hash_algo
         self.manager = manager
         self.cfg = cfg
         self.pending: deque[Job] = deque(jobs)
         self.waiting: deque[Live] = deque()
         self.running: list[Live] = []
         self.stats = SideStats()
-        self.hasher = get_request_block_hasher(cfg.block_size, sha256) if uses_block_hashes(manager) else None
+        self.hasher = hashing.block_hasher(cfg.block_size, hash_algo) if uses_block_hashes(manager) else None
         self.params = SamplingParams(max_tokens=1 << 20)
         self.params.update_from_generation_config({}, eos_token_id=OUTPUT_TOKEN_BASE - 1)
 
@@ -298,6 +313,7 @@ def side_result(side: Side) -> dict[str, Any]:
         "manager_class": type(side.manager).__name__,
         "prefix_eviction": getattr(side.manager, "prefix_eviction", None),
         "request_block_hashes": side.hasher is not None,
+        "hash_algo": side.hash_algo if side.hasher is not None else None,
         "admitted": st.admitted,
         "finished": st.finished,
         "prompt_tokens": st.prompt_tokens,
@@ -335,19 +351,27 @@ def replay(
     managers: dict[str, KVCacheManager] | None = None,
     progress: Callable[[int, float], None] | None = None,
     variants: dict[str, dict[str, Any]] | None = None,
+    hash_sides: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Replay ``jobs`` through every manager (built from ``cfg`` and ``variants`` unless given).
+    """Replay ``jobs`` through every manager (built from ``cfg``, ``variants`` and ``hash_sides`` unless
+    given).
 
-    ``managers`` maps side names to managers; it must hold ``paged`` and ``tagma``. Returns a JSON-ready
-    result whose ``sides`` follow the managers' order.
+    ``managers`` maps side names to managers; it must hold ``paged`` and ``tagma``. ``hash_sides`` maps
+    side names to a vLLM hash algorithm (``prefix_caching_hash_algo``): each is one more vLLM manager whose
+    requests hash with it (the others hash with sha256). Returns a JSON-ready result whose ``sides`` follow
+    the managers' order.
     """
+    hash_sides = dict(hash_sides or {})
     if not jobs:
         raise ValueError("no request to replay")
     max_len = max(j.record.input_length + j.output_tokens for j in jobs) + cfg.decode_tokens + cfg.block_size
     skipped: dict[str, str] = {}
     if managers is None:
-        managers, skipped = build_managers(cfg, max_len, variants)
-    sides = [Side(name, manager, cfg, jobs) for name, manager in managers.items()]
+        managers, skipped = build_managers(cfg, max_len, variants, list(hash_sides))
+    sides = [
+        Side(name, manager, cfg, jobs, hash_sides.get(name, hashing.DEFAULT))
+        for name, manager in managers.items()
+    ]
     now = min(j.arrival_ms for j in jobs)
     steps = 0
     gc.collect()
@@ -361,6 +385,7 @@ def replay(
                 arrivals = [a for a in (s.next_arrival() for s in sides) if a is not None]
                 now = max(now, min(arrivals))
             for side in sides if steps % 2 == 0 else reversed(sides):
+                hashing.set_active(side.hash_algo)  # the NONE_HASH its requests chain onto, untimed
                 side.step(now)
             steps += 1
             now += cfg.step_ms
@@ -369,6 +394,7 @@ def replay(
                 if progress is not None:
                     progress(steps, now)
     finally:
+        hashing.set_active(hashing.DEFAULT)
         if was_enabled:
             gc.enable()
         gc.unfreeze()
@@ -398,8 +424,36 @@ def replay(
         "same_hits_per_request": hits["paged"] == hits["tagma"],
         "same_hits_per_request_vs_paged": {n: hits[n] == hits["paged"] for n in hits if n != "paged"},
         "eviction_cost_points": eviction_cost(results),
+        "fast_hash": {name: fast_hash_result(results, name, algo) for name, algo in hash_sides.items()},
     }
     return out
+
+
+def fast_hash_result(results: dict[str, dict[str, Any]], name: str, algo: str) -> dict[str, Any]:
+    """A vLLM side hashing with ``algo`` against vLLM with sha256 and tagma: request build and admission
+    (per request, mean) and tagma's ratios against both vLLM sides."""
+    fast, paged, tagma = results[name], results["paged"], results["tagma"]
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    build = {k: (r["request_build_us"] or {}).get("mean") for k, r in (("paged", paged), (name, fast))}
+    with_build = {k: r["admission_with_build_us_mean"] for k, r in (("paged", paged), ("tagma", tagma),
+                                                                      (name, fast))}  # fmt: skip
+    return {
+        "algo": algo,
+        "none_hash_seed": hashing.seed_source(algo),
+        "request_build_us_mean": build,
+        "request_build_ns_per_prompt_token": {
+            "paged": paged["request_build_ns_per_prompt_token"],
+            name: fast["request_build_ns_per_prompt_token"],
+        },
+        "admission_with_build_us_mean": with_build,
+        "fast/paged_request_build": ratio(build[name], build["paged"]),
+        "tagma/paged_admission_with_build": ratio(with_build["tagma"], with_build["paged"]),
+        "tagma/fast_admission_with_build": ratio(with_build["tagma"], with_build[name]),
+        "same_hits_as_sha256": fast["hit_tokens"] == paged["hit_tokens"],
+    }
 
 
 def _points(side: dict[str, Any], paged: dict[str, Any]) -> float | None:
@@ -421,10 +475,14 @@ def eviction_cost(results: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def build_managers(
-    cfg: ReplayConfig, max_model_len: int, variants: dict[str, dict[str, Any]] | None = None
+    cfg: ReplayConfig,
+    max_model_len: int,
+    variants: dict[str, dict[str, Any]] | None = None,
+    vllm_sides: Sequence[str] = (),
 ) -> tuple[dict[str, KVCacheManager], dict[str, str]]:
-    """vLLM's manager, tagma's (through the factory) and one tagma manager per variant (name -> extra
-    keyword arguments of ``TagmaKVCacheManager(...)``), caching on, as vLLM's scheduler builds them.
+    """vLLM's manager, tagma's (through the factory), one tagma manager per variant (name -> extra
+    keyword arguments of ``TagmaKVCacheManager(...)``) and one more vLLM manager per name in
+    ``vllm_sides``, caching on, as vLLM's scheduler builds them.
 
     Returns (managers, variants skipped with the reason: the factory refused their arguments).
     """
@@ -440,6 +498,10 @@ def build_managers(
         "paged": KVCacheManager(config, **kwargs),
         "tagma": TagmaKVCacheManager(config, placement_policy=cfg.policy, **kwargs),
     }
+    for name in vllm_sides:
+        if name in managers:
+            raise ValueError(f"side name {name!r} is taken")
+        managers[name] = KVCacheManager(config, **kwargs)
     skipped: dict[str, str] = {}
     for name, extra in (variants or {}).items():
         if name in managers:
@@ -451,9 +513,7 @@ def build_managers(
     return managers, skipped
 
 
-def select_records(
-    trace: trace_file.Trace, tcfg: dict[str, Any]
-) -> tuple[list[TraceRecord], dict[str, Any]]:
+def select_records(trace: trace_file.Trace, tcfg: dict[str, Any]) -> tuple[list[TraceRecord], dict[str, Any]]:
     """The configured window of the trace and what it kept."""
     records = trace_file.window(
         trace.records,
@@ -508,7 +568,13 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
             log.info("trace_replay: step %d, simulated %.0f s", steps, now / 1000.0)
 
     variants = {str(k): dict(v) for k, v in (tcfg.get("tagma_variants") or {}).items()}
-    out = replay(jobs, rcfg, progress=progress, variants=variants)
+    fast = cfg.get("vllm_fast_hash")
+    unavailable = hashing.available(str(fast)) if fast else None
+    if unavailable:
+        log.warning("trace_replay: no %s side: %s", fast, unavailable)
+    use_fast = fast and not unavailable and fast != hashing.DEFAULT
+    hash_sides = {hashing.side_name(str(fast)): str(fast)} if use_fast else {}
+    out = replay(jobs, rcfg, progress=progress, variants=variants, hash_sides=hash_sides)
     return {
         "description": __doc__,
         "trace": trace.provenance.as_dict(),

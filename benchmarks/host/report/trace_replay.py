@@ -28,6 +28,14 @@ def _name(section: dict[str, Any]) -> str:
 def headline_rows(section: dict[str, Any], contexts: list[int]) -> list[dict[str, Any]]:
     """Hit rate against the target; admission cost, ranges per request and preemptions for both sides."""
     paged, tagma = section["sides"]["paged"], section["sides"]["tagma"]
+    fast_name, fast = next(iter((section.get("fast_hash") or {}).items()), (None, None))
+    fast_note = (
+        f"; paged {fast['algo']} = vLLM hashing with {fast['algo']}, request build "
+        f"{fast['request_build_us_mean'][fast_name]:.0f} us mean against sha256's "
+        f"{fast['request_build_us_mean']['paged']:.0f} us"
+        if fast
+        else ""
+    )
     pool = section["config"]["pool_blocks"]
     where = f"{_name(section)}, {section['requests']} requests, pool {pool} blocks"
     sel = section["selection"]
@@ -66,7 +74,9 @@ def headline_rows(section: dict[str, Any], contexts: list[int]) -> list[dict[str
             tagma["admission_with_build_us_mean"],
             "us",
             note="building vLLM's Request (its block hasher runs in the constructor) for each side; "
-            f"tagma's requests {'are' if tagma['request_block_hashes'] else 'are not'} hashed",
+            f"tagma's requests {'are' if tagma['request_block_hashes'] else 'are not'} hashed{fast_note}",
+            paged_fast=fast["admission_with_build_us_mean"][fast_name] if fast else None,
+            fast_hash=fast["algo"] if fast else None,
         ),
         row(
             "trace ranges/request at completion",
@@ -85,19 +95,23 @@ def headline_rows(section: dict[str, Any], contexts: list[int]) -> list[dict[str
             "count",
         ),
     ]
+    same = section.get("same_hits_per_request_vs_paged") or {}
     for name, side in section["sides"].items():
         if name in ("paged", "tagma"):
             continue
+        hashed = side.get("hash_algo")
+        label = _label(side) + (f", requests hashed with {hashed}" if hashed else "")
         rows.append(
             row(
-                f"prefix hit rate, {name} ({_label(side)})",
+                f"prefix hit rate, {name} ({label})",
                 None,
                 _pct(paged["hit_rate"]),
                 _pct(side["hit_rate"]),
                 "%",
                 note=f"ranges/request mean {_mean(side['ranges_per_request']):.1f} "
                 f"(p99 {side['ranges_per_request']['p99']:.0f}), {side['preemptions']} preemptions, "
-                f"admission {_mean(side['admission_us']):.0f} us mean",
+                f"admission {_mean(side['admission_us']):.0f} us mean; same hit per request as paged: "
+                f"{'yes' if same.get(name) else 'NO' if name in same else '-'}",
             )
         )
     return rows
