@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.arrivals import LoadSpec
-from harness.workload import WorkloadSpec
+from harness.workload.arrivals import LoadSpec
+from harness.workload.spec import WorkloadSpec
 from tagma.contract import BACKENDS
 
 DEVICES = ("cpu", "cuda")

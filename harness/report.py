@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from harness import plots
-from harness.compare import (
+from harness.analysis import plots
+from harness.analysis.compare import (
     ARMS,
     arm_of,
     comparisons,
@@ -20,8 +20,8 @@ from harness.compare import (
     ok_runs,
     per_arm_latencies,
 )
+from harness.analysis.statistics import Comparison
 from harness.files import read_json, write_json, write_text_atomic
-from harness.statistics import Comparison
 
 TARGET_HALF_WIDTH = 0.03  # the resolution a run should reach on its primary metrics (3% of the ratio)
 __all__ = ["load_runs", "write_report", "telemetry_summary", "make_figures"]
@@ -282,7 +282,7 @@ def write_report(root: Path, n_boot: int | None = None) -> Path:
     host_rows, host_lines = host_time_section(runs, meta)
     inserver = None
     if "inserver" in meta["config"]:  # configs/inserver_64x16k.yaml: the KV manager per-step headline
-        from harness.inserver import kv_manager_per_step, markdown
+        from harness.analysis.inserver import kv_manager_per_step, markdown
 
         inserver = kv_manager_per_step(runs, meta["config"])
         host_lines = host_lines + markdown(inserver)

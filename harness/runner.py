@@ -2,8 +2,8 @@
 
 - ``abba``: one server at a time; each arm gets ``run.repeats`` server lifetimes in ABBA order (drift over
   time hits both arms alike); each lifetime replays the whole workload with the configured load.
-- ``paired``: see :mod:`harness.paired`: both arms' servers up at once, each prompt sent to both, seconds
-  apart, ``run.repeats`` rounds of fresh server pairs.
+- ``paired``: see :mod:`harness.designs.paired`: both arms' servers up at once, each prompt sent to both,
+  seconds apart, ``run.repeats`` rounds of fresh server pairs.
 
 Layout of a run directory:
   config.yaml, config.json, environment.json, workload.json   what was asked and on what
@@ -28,15 +28,15 @@ from pathlib import Path
 from tqdm import tqdm
 
 import tagma.contract as contract
-from harness.arrivals import arrival_offsets
 from harness.client import RequestResult, run_requests
 from harness.config import Arm, BenchConfig
 from harness.files import read_json, write_json, write_jsonl
-from harness.launcher import Server, ServerError, ServerSpec
 from harness.metrics import summarize
-from harness.noise import NoiseProbe, NoiseRecord, bound_cores, client_cores, loadavg_1min, pinned
-from harness.server_telemetry import TelemetrySampler
-from harness.workload import Workload
+from harness.serve.launcher import Server, ServerError, ServerSpec
+from harness.serve.noise import NoiseProbe, NoiseRecord, bound_cores, client_cores, loadavg_1min, pinned
+from harness.serve.server_telemetry import TelemetrySampler
+from harness.workload.arrivals import arrival_offsets
+from harness.workload.spec import Workload
 
 
 class RunFailed(RuntimeError):
@@ -258,7 +258,7 @@ def run_abba(cfg: BenchConfig, workload: Workload) -> list[dict]:
 def run_ab(cfg: BenchConfig, workload: Workload) -> list[dict]:
     """Run the configured design; returns every run's status."""
     if cfg.run.design == "paired":
-        from harness.paired import run_paired
+        from harness.designs.paired import run_paired
 
         return run_paired(cfg, workload)
     return run_abba(cfg, workload)

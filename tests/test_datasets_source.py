@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import datasets_source as ds
-from harness import workload as wl
-from harness.workload import LengthDist, WorkloadSpec, build_workload
+from harness.workload import datasets_source as ds
+from harness.workload import spec as wl
+from harness.workload.spec import LengthDist, WorkloadSpec, build_workload
 
 CONVS = [
     {"id": f"c{i}", "conversations": [

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from harness import report, runner
-from harness.arrivals import LoadSpec
 from harness.config import BenchConfig, ModelConfig, RunConfig, ServerConfig
 from harness.files import read_json, write_json, write_jsonl
-from harness.workload import LengthDist, WorkloadSpec
+from harness.workload.arrivals import LoadSpec
+from harness.workload.spec import LengthDist, WorkloadSpec
 
 
 def _cfg(out: Path, repeats: int = 2) -> BenchConfig:

@@ -21,7 +21,7 @@ from benchmarks.host.trace_replay import (  # noqa: E402
     replay,
     runs_of_ids,
 )
-from harness.trace_file import TraceRecord  # noqa: E402
+from harness.workload.trace_file import TraceRecord  # noqa: E402
 
 HB = 512
 

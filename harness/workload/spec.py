@@ -1,10 +1,10 @@
 """Benchmark workloads: real ShareGPT text at controlled prompt lengths (16K, 128K tokens and more), or a
 request trace replayed with real text and its prefix sharing (``kind: mooncake``).
 
-A ``sharegpt`` workload is drawn from a spec: prompt and output lengths from :mod:`harness.lengths`, prompts
-packed to those lengths by :mod:`harness.packing`. A ``mooncake`` workload takes its requests, lengths and
-arrival times from a trace file (:mod:`harness.mooncake_workload`). The text comes from ``dataset``
-(:mod:`harness.datasets_source`: the packaged ShareGPT copy by default, a local JSON/JSONL file or a hub
+A ``sharegpt`` workload is drawn from a spec: prompt and output lengths from :mod:`harness.workload.lengths`, prompts
+packed to those lengths by :mod:`harness.workload.packing`. A ``mooncake`` workload takes its requests, lengths and
+arrival times from a trace file (:mod:`harness.workload.mooncake`). The text comes from ``dataset``
+(:mod:`harness.workload.datasets_source`: the packaged ShareGPT copy by default, a local JSON/JSONL file or a hub
 dataset); a ``dataset`` that is a trace file makes the workload a ``mooncake`` one over the packaged text.
 
 A prepared workload is cached as JSON under cache_dir, keyed by a hash of the spec, the dataset's sha256,
@@ -26,10 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from harness import datasets_source, sharegpt
 from harness.files import write_text_atomic
-from harness.lengths import LengthDist
-from harness.packing import (
+from harness.workload import datasets_source
+from harness.workload import sharegpt_file as sharegpt
+from harness.workload.lengths import LengthDist
+from harness.workload.packing import (
     _COUNTS,
     TOLERANCE,
     _Builder,
@@ -43,7 +44,7 @@ from harness.packing import (
 
 __all__ = ["LengthDist", "RequestSpec", "Workload", "WorkloadSpec", "build_workload", "clear_caches"]
 
-DEFAULT_CACHE_DIR = Path(__file__).resolve().parent.parent / "data" / "workloads"
+DEFAULT_CACHE_DIR = Path(__file__).resolve().parents[2] / "data" / "workloads"
 RECIPE = 1  # bump whenever the way prompts are built changes: old cache files stop matching
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 KINDS = ("sharegpt", "mooncake")
@@ -70,7 +71,7 @@ class WorkloadSpec:
     input_len: LengthDist | None = None  # mooncake: natural (the default there)
     output_len: LengthDist | None = None
     # prompt_tokens + max_tokens must fit, or building fails (no silent capping); None until the harness
-    # resolves the server's context from the model (harness.model_context), which happens before any build.
+    # resolves the server's context from the model (harness.serve.model_context), which happens before any build.
     max_model_len: int | None
     seed: int = 0
     num_warmup: int = 0  # extra requests built the same way, for warm-up; excluded from metrics
@@ -165,7 +166,7 @@ class WorkloadSpec:
 
     @property
     def trace_path(self) -> Path:
-        from harness.trace_file import SHIPPED_TRACE
+        from harness.workload.trace_file import SHIPPED_TRACE
 
         return Path(self.path).expanduser() if self.path else SHIPPED_TRACE
 
@@ -309,7 +310,7 @@ def build_workload(spec: WorkloadSpec, tokenizer_dir: Path, cache_dir: Path | No
 
     Trace workloads are rebuilt every time (their prompts are token ids; a cache of them would be large)."""
     if spec.max_model_len is None:
-        raise ValueError(f"workload {spec.name}: max_model_len is not resolved (see harness.model_context)")
+        raise ValueError(f"workload {spec.name}: max_model_len is not resolved (see harness.serve.model_context)")
     tokenizer_dir = Path(tokenizer_dir)
     hf_cache = Path(cache_dir) / "datasets" if cache_dir is not None else None
     if spec.kind == "mooncake":
@@ -347,7 +348,7 @@ def build_workload(spec: WorkloadSpec, tokenizer_dir: Path, cache_dir: Path | No
 
 
 def _build_trace_workload(spec: WorkloadSpec, tokenizer_dir: Path, hf_cache: Path | None) -> Workload:
-    from harness import mooncake_workload
+    from harness.workload import mooncake as mooncake_workload
 
     t0 = time.perf_counter()
     tok_hashes = _tokenizer_hashes(tokenizer_dir)

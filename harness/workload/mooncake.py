@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness import trace_file
-from harness.datasets_source import Source, tokenize_texts
-from harness.packing import _conversation_text
+from harness.workload import trace_file
+from harness.workload.datasets_source import Source, tokenize_texts
+from harness.workload.packing import _conversation_text
 
 if TYPE_CHECKING:
-    from harness.workload import RequestSpec, WorkloadSpec
+    from harness.workload.spec import RequestSpec, WorkloadSpec
 
 OVERFLOW = ("filter", "cut")
 _BATCH = 64  # conversations tokenized at a time
@@ -200,7 +200,7 @@ def build(spec: WorkloadSpec, source: Source, tokenizer: Any, trace_path: Path
     """(requests, warm-up, arrival offsets in seconds, provenance) of a trace workload."""
     import numpy as np
 
-    from harness.workload import RequestSpec
+    from harness.workload.spec import RequestSpec
 
     trace = trace_file.load(trace_path, spec.hash_block_tokens)
     chosen, overflow = select(spec, trace, trace_path)

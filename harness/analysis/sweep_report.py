@@ -1,9 +1,9 @@
 """One table and one figure over the cells of a sweep (backend pair x workload x request rate).
 
-`python -m harness.sweep_report SWEEP_DIR [RUN_DIR ...]`: SWEEP_DIR is searched (a few levels deep) for serve
-run directories (config.json + runs/); RUN_DIR arguments add cells found elsewhere. Each cell's A/B ratios
-come from its summary.json (what harness.report wrote), or are recomputed from its run files when it has none.
-Writes SWEEP_DIR/sweep_report.md, SWEEP_DIR/sweep_summary.json and SWEEP_DIR/plots/sweep_ratios.png.
+`python -m harness.analysis.sweep_report SWEEP_DIR [RUN_DIR ...]`: SWEEP_DIR is searched (a few levels deep)
+for serve run directories (config.json + runs/); RUN_DIR arguments add cells found elsewhere. Each cell's A/B
+ratios come from its summary.json (what harness.report wrote), or are recomputed from its run files when it
+has none. Writes SWEEP_DIR/sweep_report.md, SWEEP_DIR/sweep_summary.json and SWEEP_DIR/plots/sweep_ratios.png.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from harness import plots, report
-from harness.compare import comparisons
+from harness import report
+from harness.analysis import plots
+from harness.analysis.compare import comparisons
+from harness.analysis.run_dirs import find_serve_runs
 from harness.files import read_json, write_json, write_text_atomic
-from harness.run_dirs import find_serve_runs
 from tagma.contract import BACKENDS
 
 METRICS = (

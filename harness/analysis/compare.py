@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.analysis.statistics import Comparison, compare_by_run, compare_pairs, compare_run_values, holm
 from harness.files import read_json, read_jsonl
-from harness.statistics import Comparison, compare_by_run, compare_pairs, compare_run_values, holm
 
-LATENCY_STATS = ("mean", "p50", "p90", "p99")  # names of harness.statistics.STATS
+LATENCY_STATS = ("mean", "p50", "p90", "p99")  # names of harness.analysis.statistics.STATS
 LATENCY_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 RUN_KEYS = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput")
 ARMS = ("baseline", "candidate")
@@ -164,7 +164,7 @@ def per_arm_latencies(runs: Sequence[dict], backends: Sequence[str]) -> dict[str
     return dict(out)
 
 
-# In-server host CPU time (harness.host_time): the report's components, as per-step columns in ns.
+# In-server host CPU time (harness.analysis.host_time): the report's components, as per-step columns in ns.
 HOST_COMPONENTS = {
     "kv_manager": "kv_manager_total_ns_net",
     "schedule_other": "schedule_other_ns_net",
@@ -175,7 +175,7 @@ HOST_COMPONENTS = {
 
 def host_steps(run: Mapping) -> dict[str, np.ndarray] | None:
     """The run's busy scheduler steps after its replay started, in us per component (None: no host time)."""
-    from harness.host_time import load_run
+    from harness.analysis.host_time import load_run
 
     try:
         host = load_run(run["dir"])

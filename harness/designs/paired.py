@@ -24,10 +24,10 @@ from tqdm import tqdm
 from harness.client import ClientConfig, RequestResult, completions_url, encode_body, make_session, send_one
 from harness.config import BenchConfig
 from harness.files import read_json
-from harness.launcher import ServerError
-from harness.noise import pinned
 from harness.runner import RunFailed, ServerRun, failure_reason, run_dir_name, run_is_done
-from harness.workload import Workload
+from harness.serve.launcher import ServerError
+from harness.serve.noise import pinned
+from harness.workload.spec import Workload
 
 
 def first_arm_of(pair: int) -> int:

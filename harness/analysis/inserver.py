@@ -1,10 +1,10 @@
 """KV cache manager CPU time per scheduler step inside the servers (``make bench-inserver``).
 
 The statistic behind the in-server headline: from each server run's host-time records
-(:mod:`harness.host_time`), the steps that are **decode-only** (every scheduled request gets one token:
-``num_tokens == num_reqs``, so no prefill shares the step) with at least ``min_running`` requests scheduled,
-after the run's warm-up, **leaving out the steps that wrote a placement-telemetry line**. Per step the value
-is ``kv_manager_total_ns_net``: every KV cache manager call the scheduler made for that step (inside
+(:mod:`harness.analysis.host_time`), the steps that are **decode-only** (every scheduled request gets one
+token: ``num_tokens == num_reqs``, so no prefill shares the step) with at least ``min_running`` requests
+scheduled, after the run's warm-up, **leaving out the steps that wrote a placement-telemetry line**. Per step
+the value is ``kv_manager_total_ns_net``: every KV cache manager call the scheduler made for that step (inside
 ``schedule()``, inside ``update_from_output()`` and between steps), with the clock's own cost taken out.
 Per run: the mean over those steps.
 
@@ -20,8 +20,9 @@ count and their mean are reported next to the headline.
 The ratio is tagma / paged (candidate / baseline, as everywhere in the harness); the speedup is its inverse.
 Intervals (95%):
 
-* **across runs** (each arm has >= 2 server runs): :func:`harness.statistics.compare_by_run`, a Welch t on
-  the log per-run means. The run is the unit of replication, so run-to-run variance is in the interval.
+* **across runs** (each arm has >= 2 server runs): :func:`harness.analysis.statistics.compare_by_run`, a
+  Welch t on the log per-run means. The run is the unit of replication, so run-to-run variance is in the
+interval.
 * **per step** (always computed; the headline only when an arm has a single run): each run's steps are cut
   into consecutive batches of at least ``MIN_BATCH_STEPS`` steps; an arm's mean is the mean of its steps, its
   standard error the spread of its batch means over the number of batches; the log ratio's standard error
@@ -44,9 +45,9 @@ from typing import Any
 
 import numpy as np
 
-from harness.compare import ARMS, arm_of, load_runs, ok_runs
+from harness.analysis.compare import ARMS, arm_of, load_runs, ok_runs
+from harness.analysis.statistics import compare_by_run, t_quantile
 from harness.files import read_json
-from harness.statistics import compare_by_run, t_quantile
 from tagma.contract import PLACEMENT_TELEMETRY_FILE
 
 __all__ = [
@@ -237,7 +238,7 @@ def telemetry_steps(end_ns: np.ndarray, times_ns: np.ndarray) -> np.ndarray:
 
 def run_steps(run: Mapping[str, Any]) -> RunSteps | None:
     """A run's busy steps after its replay started (None: the run has no host-time records)."""
-    from harness.host_time import load_run
+    from harness.analysis.host_time import load_run
 
     try:
         host = load_run(run["dir"])
@@ -341,7 +342,7 @@ def batch_means_interval(
 
 def kv_manager_per_step(runs: Sequence[dict], config: Mapping[str, Any], min_running: int | None = None,
                         alpha: float = 0.05) -> InServerResult:  # fmt: skip
-    """The headline of a run directory's runs (``harness.compare.load_runs``) under its config."""
+    """The headline of a run directory's runs (``harness.analysis.compare.load_runs``) under its config."""
     backends = tuple(config.get("backends", ("paged", "tagma")))
     if min_running is None:
         ins = config.get("inserver") or {}
