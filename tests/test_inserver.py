@@ -18,7 +18,7 @@ from benchmarks.host import inserver as host_section
 from benchmarks.host.report import inserver as host_row
 from benchmarks.host.report.table import TARGETS
 from harness.analysis import inserver
-from harness.analysis.compare import load_runs
+from harness.analysis.runs import load_runs
 from harness.config import from_mapping
 from tagma.contract import PLACEMENT_TELEMETRY_FILE
 from tagma.host_time import COLUMNS, HostTimeChunk

@@ -18,17 +18,13 @@ from harness import report
 from harness.analysis import plots
 from harness.analysis.compare import comparisons
 from harness.analysis.run_dirs import find_serve_runs, is_serve_run
+from harness.config import SavedConfig
 from harness.files import read_json
-from tagma.contract import BACKENDS
 
 
 def serve_meta(run_dir: Path) -> dict:
-    meta = {
-        "config": read_json(run_dir / "config.json"),
-        "workload": read_json(run_dir / "workload.json"),
-    }
-    meta["backends"] = tuple(meta["config"].get("backends", BACKENDS))
-    return meta
+    config = SavedConfig.load(run_dir)
+    return {"config": config, "backends": config.backends, "workload": read_json(run_dir / "workload.json")}
 
 
 def ranges_series(runs: list[dict]) -> dict[str, tuple[list[float], list[float], list[float]]]:
@@ -72,7 +68,7 @@ def serve_figures(run_dir: Path, n_boot: int | None = None, out_root: Path | Non
     out_root = Path(out_root) if out_root is not None else run_dir
     meta = serve_meta(run_dir)
     if n_boot is None:
-        n_boot = int(meta["config"].get("run", {}).get("n_boot", 2000))
+        n_boot = meta["config"].run.n_boot
     runs = report.load_runs(run_dir)
     ab = comparisons(runs, meta["config"], n_boot)
     figures = report.make_figures(out_root, runs, ab, meta)

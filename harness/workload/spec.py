@@ -1,11 +1,12 @@
 """Benchmark workloads: real ShareGPT text at controlled prompt lengths (16K, 128K tokens and more), or a
 request trace replayed with real text and its prefix sharing (``kind: mooncake``).
 
-A ``sharegpt`` workload is drawn from a spec: prompt and output lengths from :mod:`harness.workload.lengths`, prompts
-packed to those lengths by :mod:`harness.workload.packing`. A ``mooncake`` workload takes its requests, lengths and
-arrival times from a trace file (:mod:`harness.workload.mooncake`). The text comes from ``dataset``
-(:mod:`harness.workload.datasets_source`: the packaged ShareGPT copy by default, a local JSON/JSONL file or a hub
-dataset); a ``dataset`` that is a trace file makes the workload a ``mooncake`` one over the packaged text.
+A ``sharegpt`` workload is drawn from a spec: prompt and output lengths from :mod:`harness.workload.lengths`,
+prompts packed to those lengths by :mod:`harness.workload.packing`. A ``mooncake`` workload takes its
+requests, lengths and arrival times from a trace file (:mod:`harness.workload.mooncake`). The text comes from
+``dataset`` (:mod:`harness.workload.datasets_source`: the packaged ShareGPT copy by default, a local
+JSON/JSONL file or a hub dataset); a ``dataset`` that is a trace file makes the workload a ``mooncake`` one
+over the packaged text.
 
 A prepared workload is cached as JSON under cache_dir, keyed by a hash of the spec, the dataset's sha256,
 the tokenizer's files and RECIPE; a corrupted cache file is rebuilt with a warning, never used.
@@ -71,7 +72,7 @@ class WorkloadSpec:
     input_len: LengthDist | None = None  # mooncake: natural (the default there)
     output_len: LengthDist | None = None
     # prompt_tokens + max_tokens must fit, or building fails (no silent capping); None until the harness
-    # resolves the server's context from the model (harness.serve.model_context), which happens before any build.
+    # resolves the server's context from the model (harness.serve.model_context), before any build.
     max_model_len: int | None
     seed: int = 0
     num_warmup: int = 0  # extra requests built the same way, for warm-up; excluded from metrics
@@ -310,7 +311,8 @@ def build_workload(spec: WorkloadSpec, tokenizer_dir: Path, cache_dir: Path | No
 
     Trace workloads are rebuilt every time (their prompts are token ids; a cache of them would be large)."""
     if spec.max_model_len is None:
-        raise ValueError(f"workload {spec.name}: max_model_len is not resolved (see harness.serve.model_context)")
+        raise ValueError(f"workload {spec.name}: max_model_len is not resolved "
+                         f"(see harness.serve.model_context)")
     tokenizer_dir = Path(tokenizer_dir)
     hf_cache = Path(cache_dir) / "datasets" if cache_dir is not None else None
     if spec.kind == "mooncake":
