@@ -18,7 +18,9 @@ from harness.runner import arms_without_a_run, run_ab
 from harness.serve import tiny_model
 from harness.serve.environment import environment
 from harness.serve.model_context import ContextError, model_context_limit, resolve_max_model_len
-from harness.workload.spec import Workload, build_workload, clear_caches
+from harness.workload.packing import clear_caches
+from harness.workload.registry import build_workload
+from harness.workload.spec import Workload
 
 log = logging.getLogger("harness")
 

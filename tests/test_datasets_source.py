@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from harness.workload import datasets_source as ds
-from harness.workload import spec as wl
-from harness.workload.spec import LengthDist, WorkloadSpec, build_workload
+from harness.workload import sharegpt as wl
+from harness.workload.lengths import LengthDist
+from harness.workload.registry import build_workload
+from harness.workload.spec import WorkloadSpec
 
 CONVS = [
     {"id": f"c{i}", "conversations": [

@@ -14,7 +14,9 @@ from harness.client import run_requests
 from harness.serve.mock_server import MockConfig, MockServer
 from harness.workload import mooncake as mw
 from harness.workload.arrivals import LoadSpec
-from harness.workload.spec import LengthDist, WorkloadSpec, build_workload
+from harness.workload.lengths import LengthDist
+from harness.workload.registry import build_workload
+from harness.workload.spec import WorkloadSpec
 from tests.harness_run import run_harness
 
 REPO = Path(__file__).resolve().parent.parent

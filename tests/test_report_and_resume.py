@@ -13,7 +13,8 @@ from harness.config import BenchConfig, ModelConfig, RunConfig, ServerConfig
 from harness.designs import abba
 from harness.files import read_json, write_json, write_jsonl
 from harness.workload.arrivals import LoadSpec
-from harness.workload.spec import LengthDist, WorkloadSpec
+from harness.workload.lengths import LengthDist
+from harness.workload.spec import WorkloadSpec
 
 
 def _cfg(out: Path, repeats: int = 2) -> BenchConfig:

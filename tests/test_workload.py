@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from harness.workload import packing
+from harness.workload import sharegpt as wl
 from harness.workload import sharegpt_file as sharegpt
-from harness.workload import spec as wl
-from harness.workload.spec import LengthDist, WorkloadSpec, build_workload
+from harness.workload.lengths import LengthDist
+from harness.workload.registry import build_workload
+from harness.workload.spec import WorkloadSpec
 
 FIXED_OUT = LengthDist("fixed", value=32)
 
