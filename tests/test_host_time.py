@@ -507,8 +507,10 @@ def test_reader_imports_no_vllm() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, harness.analysis.host_time; "
-            "assert 'vllm' not in sys.modules and 'torch' not in sys.modules")
+    code = (
+        "import sys, harness.analysis.host_time; "
+        "assert 'vllm' not in sys.modules and 'torch' not in sys.modules"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -40,8 +40,10 @@ def abba_order(repeats: int, a: Arm, b: Arm) -> list[Arm]:
 async def _replay(cfg: BenchConfig, base_url: str, workload: Workload, bar: tqdm) -> tuple[list, float]:
     if cfg.load.mode == "trace":
         if workload.arrivals is None:
-            raise RunFailed(f"load=trace needs a trace workload (kind mooncake); {workload.spec.name} has no "
-                            f"arrival times")
+            raise RunFailed(
+                f"load=trace needs a trace workload (kind mooncake); {workload.spec.name} has no "
+                f"arrival times"
+            )
         offsets = workload.arrivals
     else:
         offsets = arrival_offsets(len(workload.requests), cfg.load)

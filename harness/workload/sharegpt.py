@@ -54,8 +54,9 @@ def _build(spec: WorkloadSpec, items: list[dict], tok: _Tokenizer, counts: dict[
     groups = []
     for n, stream in ((spec.num_requests, 0), (spec.num_warmup, 2)):  # measured first, then warm-up
         if spec.input_len.kind == "natural":
-            nat = b.naturals(n, spec.input_len.low or 1, spec.input_len.high,
-                             need_reply=spec.output_len.kind == "natural")
+            nat = b.naturals(
+                n, spec.input_len.low or 1, spec.input_len.high, need_reply=spec.output_len.kind == "natural"
+            )
             prompts = [(p, pn) for p, pn, _, _ in nat]
             targets = [pn for _, pn, _, _ in nat]
             replies = [rn for _, _, rn, _ in nat]
@@ -74,9 +75,11 @@ def _build(spec: WorkloadSpec, items: list[dict], tok: _Tokenizer, counts: dict[
         for k in range(n):
             (prompt, pn), out = prompts[k], outs[k]
             if spec.max_model_len is not None and pn + out > spec.max_model_len:
-                raise ValueError(f"workload {spec.name}: request {k} has {pn} prompt + {out} output tokens, "
-                                 f"over max_model_len {spec.max_model_len}; bound the natural lengths "
-                                 f"(high) or raise max_model_len")
+                raise ValueError(
+                    f"workload {spec.name}: request {k} has {pn} prompt + {out} output tokens, "
+                    f"over max_model_len {spec.max_model_len}; bound the natural lengths "
+                    f"(high) or raise max_model_len"
+                )
             group.append(RequestSpec(k, prompt, pn, out, sources[k], targets[k]))
         groups.append(group)
     if len({r.prompt for g in groups for r in g}) != spec.num_requests + spec.num_warmup:
@@ -108,10 +111,18 @@ def cache_path(spec: WorkloadSpec, key: str, cache_dir: Path) -> Path:
 
 
 def _write_cache(path: Path, key: str, wl: Workload) -> None:
-    payload = {"spec": _spec_doc(wl.spec), "provenance": wl.provenance,
-               "warmup": [asdict(r) for r in wl.warmup], "requests": [asdict(r) for r in wl.requests]}
-    doc = {"format": "tagma-workload", "key": key, "payload_sha256": hashlib.sha256(
-        _canonical(payload).encode()).hexdigest(), "payload": payload}
+    payload = {
+        "spec": _spec_doc(wl.spec),
+        "provenance": wl.provenance,
+        "warmup": [asdict(r) for r in wl.warmup],
+        "requests": [asdict(r) for r in wl.requests],
+    }
+    doc = {
+        "format": "tagma-workload",
+        "key": key,
+        "payload_sha256": hashlib.sha256(_canonical(payload).encode()).hexdigest(),
+        "payload": payload,
+    }
     write_text_atomic(path, _canonical(doc))
 
 
@@ -131,8 +142,11 @@ def _read_cache(path: Path, key: str, spec: WorkloadSpec) -> Workload | None:
         requests = [RequestSpec(**r) for r in payload["requests"]]
         return Workload(spec, warmup, requests, payload["provenance"], from_cache=True)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        warnings.warn(f"workload cache {path} is unusable ({type(e).__name__}: {e}); rebuilding it",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"workload cache {path} is unusable ({type(e).__name__}: {e}); rebuilding it",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return None
 
 
@@ -164,11 +178,15 @@ def build_workload(spec: WorkloadSpec, tokenizer_dir: Path, cache_dir: Path | No
     tok = _load_tokenizer(tokenizer_dir)
     counts = _COUNTS.setdefault((counts_key, _canonical(tok_hashes)), {})
     requests, warmup, fit = _build(spec, items, tok, counts)
-    provenance = {"sharegpt": text_prov, "tokenizer_dir": str(tokenizer_dir.resolve()), **tok_hashes,
-                  "recipe": RECIPE, "key": key, **fit}
+    provenance = {
+        "sharegpt": text_prov,
+        "tokenizer_dir": str(tokenizer_dir.resolve()),
+        **tok_hashes,
+        "recipe": RECIPE,
+        "key": key,
+        **fit,
+    }
     wl = Workload(spec, warmup, requests, provenance, build_seconds=time.perf_counter() - t0)
     if path is not None:
         _write_cache(path, key, wl)
     return wl
-
-
