@@ -40,7 +40,7 @@ $(ENGINE_LIB): $(CSRC)
 
 # A 2-layer Llama with seeded random weights and a tokenizer trained on ShareGPT, in data/tiny-llama.
 tiny-model: setup
-	$(PY) -m harness.tiny_model
+	$(PY) -m harness.serve.tiny_model
 
 test-cpp: $(ENGINE_LIB)
 	build/release/tagma_tests
@@ -101,7 +101,7 @@ bench-gpu-kernels:
 # The GPU profile: kernel pairs, then a real model by path, 16K then 128K at full size.
 # make bench-gpu MODEL=/path/to/checkpoint
 bench-gpu: setup bench-gpu-kernels
-	$(PY) -m harness.gpu_check
+	$(PY) -m harness.serve.gpu_check
 	@test -n "$(MODEL)" || { echo "bench-gpu: give the checkpoint directory, MODEL=/path/to/model"; exit 2; }
 	$(PY) -m harness.main model=llama31_8b_gpu model.path=$(MODEL) server=gpu workload=sharegpt_16k $(ARGS)
 	$(PY) -m harness.main model=llama31_8b_gpu model.path=$(MODEL) server=gpu workload=sharegpt_128k $(ARGS)
@@ -115,7 +115,7 @@ SWEEP ?= rate
 plots: setup
 	if [ -f "$(RUN)/host_bench.json" ]; then $(PY) -m benchmarks.host.report $(RUN); \
 	elif [ -f "$(RUN)/kernels.json" ]; then $(PY) -m benchmarks.gpu.plots $(RUN); \
-	else $(PY) -m harness.plots_cli $(RUN); fi
+	else $(PY) -m harness.analysis.plots_cli $(RUN); fi
 
 # One A/B per request rate (one server at a time), resumable: re-running the same SWEEP skips finished runs.
 # More axes: ARGS="workload=sharegpt_16k_cpu,sharegpt_natural"; multi-node: ARGS="+cluster=slurm
@@ -124,10 +124,10 @@ sweep: setup tiny-model
 	$(PY) -m harness.main --config-name rate_sweep --multirun results_dir=$(CURDIR)/results/sweeps/$(SWEEP) \
 		'run_id=$${workload.name}-rate$${load.request_rate}' hydra.sweep.dir=$(CURDIR)/results/sweeps/$(SWEEP)/hydra \
 		$(ARGS)
-	$(PY) -m harness.sweep_report results/sweeps/$(SWEEP)
+	$(PY) -m harness.analysis.sweep_report results/sweeps/$(SWEEP)
 
 sweep-report: setup
-	$(PY) -m harness.sweep_report results/sweeps/$(SWEEP)
+	$(PY) -m harness.analysis.sweep_report results/sweeps/$(SWEEP)
 
 # SLURM and munge (Debian's slurm-wlm 22.05) for tests/test_slurm_cluster.py, which starts a one-node cluster
 # of its own (tests/slurm_cluster.py; nothing system-wide is configured). As root; skipped when installed.

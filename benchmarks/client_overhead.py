@@ -1,6 +1,6 @@
 """How much does harness.client itself cost per request? (a program, not a test)
 
-Runs the client against the mock server (``python -m harness.mock_server``, in a SEPARATE process so it
+Runs the client against the mock server (``python -m harness.serve.mock_server``, in a SEPARATE process so it
 does not share the client's event loop or CPU accounting) with 128K-token prompts (~512 KB of text) at
 zero server delay. The server stamps every chunk with its own ``perf_counter_ns`` (CLOCK_MONOTONIC, the
 same clock as the client's on one Linux machine), so server events can be placed on the client's clock.
@@ -60,8 +60,8 @@ from typing import Any
 import numpy as np
 
 from harness.client import ClientConfig, execute, prepare
-from harness.environment import REPO, environment, git_state
-from harness.mock_server import parse_stamps
+from harness.serve.environment import REPO, environment, git_state
+from harness.serve.mock_server import parse_stamps
 
 PROMPT_TOKENS = 131072
 CHARS_PER_TOKEN = 4
@@ -100,7 +100,7 @@ def make_prompt(seed: int, n_chars: int) -> str:
 
 @contextmanager
 def mock_server(token_delay_s: float) -> Iterator[str]:
-    cmd = [sys.executable, "-m", "harness.mock_server", "--port", "0", "--stamp-times",
+    cmd = [sys.executable, "-m", "harness.serve.mock_server", "--port", "0", "--stamp-times",
            "--prompt-tokens", str(PROMPT_TOKENS), "--token-delay", str(token_delay_s)]
     if PIN_CPUS:  # client on one CPU, mock server on another: no wake-up preemption between the two
         cmd = ["taskset", "-c", str(PIN_CPUS[1]), *cmd]
@@ -207,7 +207,7 @@ async def run_series(s: Series, repeats: int, prompt: str) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    """harness.environment's record of the machine, plus how this process is scheduled and pinned."""
+    """harness.serve.environment's record of the machine, plus how this process is scheduled and pinned."""
     policies = {os.SCHED_FIFO: "SCHED_FIFO", os.SCHED_RR: "SCHED_RR"}
     policy = policies.get(os.sched_getscheduler(0), "SCHED_OTHER")
     env = environment()

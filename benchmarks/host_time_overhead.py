@@ -7,10 +7,10 @@ included). Each replays ``--requests`` concurrent prompts of about ``--prompt-to
 paged-off (ABBA over the instrumentation).
 
 Reported per instrumented run: per-step mean / p50 / p99 of each component (overhead-corrected thread CPU
-time, :mod:`harness.host_time`), busy steps and steps/s; per run: mean TPOT and output tokens/s from the
-client. The instrumentation's own cost is estimated two ways: (a) TPOT with vs without (noisy on a shared
-machine: read it as a rough bound), (b) the clock reads it makes per step times the measured cost of one
-read, over the step's wall time.
+time, :mod:`harness.analysis.host_time`), busy steps and steps/s; per run: mean TPOT and output tokens/s
+from the client. The instrumentation's own cost is estimated two ways: (a) TPOT with vs without (noisy on a
+shared machine: read it as a rough bound), (b) the clock reads it makes per step times the measured cost of
+one read, over the step's wall time.
 
     PYTHONPATH=$PWD flock /tmp/tagma-heavy.lock .venv/bin/python benchmarks/host_time_overhead.py
 
@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from harness import host_time
+from harness.analysis import host_time
 from harness.client import run_requests
-from harness.environment import environment
-from harness.launcher import Server, ServerSpec
+from harness.serve.environment import environment
+from harness.serve.launcher import Server, ServerSpec
 
 REPO = Path(__file__).resolve().parent.parent
 

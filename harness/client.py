@@ -62,7 +62,7 @@ _json_decode = json.JSONDecoder().decode  # on str: skips json.loads' encoding s
 
 
 class RequestLike(Protocol):
-    """What the client needs from a request (``harness.workload.RequestSpec`` fits)."""
+    """What the client needs from a request (``harness.workload.spec.RequestSpec`` fits)."""
 
     index: int
     prompt: str

@@ -7,16 +7,18 @@ library code, which stays testable without Hydra.
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.arrivals import LoadSpec
-from harness.workload import WorkloadSpec
+from harness.workload.arrivals import LoadSpec
+from harness.workload.spec import WorkloadSpec
 from tagma.contract import BACKENDS
 
 DEVICES = ("cpu", "cuda")
-DESIGNS = ("abba", "paired")
+DESIGNS = ("abba", "paired")  # the keys of harness.designs.registry.DESIGNS (checked there)
 ARM_NAMES = ("baseline", "candidate")
 DEFAULT_PRIMARY = ("mean_ttft_ms", "p90_ttft_ms", "mean_tpot_ms", "p90_tpot_ms", "output_throughput")
 
@@ -102,6 +104,15 @@ class RunConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"run.{name} must be positive")
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RunConfig:
+        """From the ``run`` mapping: keys it lacks take the defaults above; unknown keys are ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["slos"] = dict(kw.get("slos") or {})
+        kw["primary_metrics"] = tuple(kw.get("primary_metrics") or DEFAULT_PRIMARY)
+        return cls(**kw)
+
 
 @dataclass(frozen=True)
 class BenchConfig:
@@ -112,7 +123,7 @@ class BenchConfig:
     run: RunConfig
     out_dir: Path
     data_dir: Path
-    backends: tuple[str, str] = ("paged", "tagma")  # (baseline, candidate); equal for an A/A
+    backends: tuple[str, str] = BACKENDS  # (baseline, candidate); equal for an A/A
 
     def __post_init__(self) -> None:
         if len(self.backends) != 2 or not set(self.backends) <= set(BACKENDS):
@@ -166,12 +177,46 @@ def from_mapping(cfg: dict[str, Any]) -> BenchConfig:
         server=ServerConfig(**server),
         workload=WorkloadSpec.from_dict(workload),
         load=LoadSpec(**cfg["load"]),
-        run=RunConfig(**{
-            **cfg["run"],
-            "slos": dict(cfg["run"].get("slos") or {}),
-            "primary_metrics": tuple(cfg["run"].get("primary_metrics") or DEFAULT_PRIMARY),
-        }),
+        run=RunConfig.from_dict(cfg["run"]),
         out_dir=Path(cfg["out_dir"]),
         data_dir=Path(cfg["data_dir"]),
         backends=tuple(cfg.get("backends", BACKENDS)),
     )
+
+
+@dataclass(frozen=True)
+class SavedConfig:
+    """What the analysis reads of a run directory's config.json (the resolved config harness.main wrote),
+    typed: ``run`` and ``backends`` with the dataclasses' defaults for keys an older run did not write;
+    ``raw`` is the whole file, for what is only shown or matched (model, load, workload name, inserver)."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    backends: tuple[str, str] = BACKENDS
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def arms(self) -> tuple[Arm, Arm]:
+        return Arm(ARM_NAMES[0], self.backends[0]), Arm(ARM_NAMES[1], self.backends[1])
+
+    @property
+    def is_aa(self) -> bool:
+        return self.backends[0] == self.backends[1]
+
+    def section(self, name: str) -> Mapping[str, Any]:
+        """A section of the file other than run (e.g. load, workload, model, inserver); {} when absent."""
+        return self.raw.get(name) or {}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SavedConfig:
+        return cls(run=RunConfig.from_dict(d.get("run") or {}), backends=tuple(d.get("backends", BACKENDS)),
+                   raw=d)  # fmt: skip
+
+    @classmethod
+    def of(cls, config: SavedConfig | Mapping[str, Any]) -> SavedConfig:
+        """``config`` as a SavedConfig (a mapping is read as a config.json's contents)."""
+        return config if isinstance(config, SavedConfig) else cls.from_dict(config)
+
+    @classmethod
+    def load(cls, run_dir: Path) -> SavedConfig:
+        """The typed config of a serve run directory."""
+        return cls.from_dict(json.loads((Path(run_dir) / "config.json").read_text()))

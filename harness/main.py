@@ -11,13 +11,16 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from harness import report, tiny_model
+from harness import report
 from harness.config import BenchConfig, from_mapping
-from harness.environment import environment
 from harness.files import point_latest, write_json, write_text_atomic
-from harness.model_context import ContextError, model_context_limit, resolve_max_model_len
 from harness.runner import arms_without_a_run, run_ab
-from harness.workload import Workload, build_workload, clear_caches
+from harness.serve import tiny_model
+from harness.serve.environment import environment
+from harness.serve.model_context import ContextError, model_context_limit, resolve_max_model_len
+from harness.workload.packing import clear_caches
+from harness.workload.registry import build_workload
+from harness.workload.spec import Workload
 
 log = logging.getLogger("harness")
 

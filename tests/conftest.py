@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import tiny_model
+from harness.serve import tiny_model
 
 
 @pytest.fixture(scope="module")
 def tok_dir() -> Path:
     """The tiny model's folder (its tokenizer), built first when missing."""
     if not (tiny_model.DEFAULT_DIR / "tiny_model_spec.json").exists():
-        subprocess.run([sys.executable, "-m", "harness.tiny_model"], check=True)
+        subprocess.run([sys.executable, "-m", "harness.serve.tiny_model"], check=True)
     return tiny_model.DEFAULT_DIR

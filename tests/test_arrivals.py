@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from harness.arrivals import LoadSpec, arrival_offsets, rate_sweep
+from harness.workload.arrivals import LoadSpec, arrival_offsets, rate_sweep
 
 N = 20000
 

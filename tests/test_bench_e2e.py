@@ -79,9 +79,9 @@ def test_real_paired_aa_gives_no_verdict(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_shipped_128k_cpu_config_starts_a_server(tmp_path: Path) -> None:
     """The CPU 128K config, its context resolved from the tiny model, brings a server up (start-up only)."""
-    from harness.launcher import Server
+    from harness.designs.server_run import server_spec
     from harness.main import resolve_context
-    from harness.runner import server_spec
+    from harness.serve.launcher import Server
     from tests.test_config import _compose
 
     model = REPO / "data" / "tiny-llama"

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.client import ClientConfig, RequestResult, _consume_stream, completions_url, run_requests
-from harness.mock_server import MockConfig, MockServer
+from harness.serve.mock_server import MockConfig, MockServer
 
 T = TypeVar("T")
 

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import datasets_source as ds
-from harness import workload as wl
-from harness.workload import LengthDist, WorkloadSpec, build_workload
+from harness.workload import datasets_source as ds
+from harness.workload import sharegpt as wl
+from harness.workload.lengths import LengthDist
+from harness.workload.registry import build_workload
+from harness.workload.spec import WorkloadSpec
 
 CONVS = [
     {"id": f"c{i}", "conversations": [

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness import host_time as reader
+from harness.analysis import host_time as reader
 from tagma.probes import host_time_hooks as hooks
 from tagma.probes.host_time import (
     COLUMNS,
@@ -546,7 +546,10 @@ def test_reader_imports_no_vllm() -> None:
     import subprocess
     import sys
 
-    code = "import sys, harness.host_time; assert 'vllm' not in sys.modules and 'torch' not in sys.modules"
+    code = (
+        "import sys, harness.analysis.host_time; "
+        "assert 'vllm' not in sys.modules and 'torch' not in sys.modules"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -561,7 +564,7 @@ def test_real_servers_write_host_time(tmp_path: Path) -> None:
     import asyncio
 
     from harness.client import run_requests
-    from harness.launcher import Server, ServerSpec
+    from harness.serve.launcher import Server, ServerSpec
 
     model = REPO / "data" / "tiny-llama"
     schemas = {}

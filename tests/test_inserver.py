@@ -1,4 +1,4 @@
-"""The in-server KV cache manager statistic (harness.inserver) and bench-host's row built from it, on
+"""The in-server KV cache manager statistic (harness.analysis.inserver) and bench-host's row built from it, on
 synthetic host-time records written in the servers' own format; the shipped config's shape."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 from benchmarks.host import inserver as host_section
 from benchmarks.host.report import inserver as host_row
 from benchmarks.host.report.table import TARGETS
-from harness import inserver
-from harness.compare import load_runs
+from harness.analysis import inserver
+from harness.analysis.runs import load_runs
 from harness.config import from_mapping
 from tagma.contract import PLACEMENT_TELEMETRY_FILE
 from tagma.probes.host_time import COLUMNS, HostTimeChunk

@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.launcher import Server, ServerError, ServerSpec, server_command
+from harness.serve.launcher import Server, ServerError, ServerSpec, server_command
 
 
 def _descendants() -> set[int]:

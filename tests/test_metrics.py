@@ -158,7 +158,7 @@ def test_summary_of_a_real_run_is_strict_json() -> None:
     from dataclasses import dataclass
 
     from harness.client import run_requests
-    from harness.mock_server import MockConfig, MockServer
+    from harness.serve.mock_server import MockConfig, MockServer
 
     @dataclass
     class Req:

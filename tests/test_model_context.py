@@ -11,7 +11,12 @@ from omegaconf import OmegaConf
 
 from harness.config import from_mapping
 from harness.main import resolve_context
-from harness.model_context import ContextError, context_limit, model_context_limit, resolve_max_model_len
+from harness.serve.model_context import (
+    ContextError,
+    context_limit,
+    model_context_limit,
+    resolve_max_model_len,
+)
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 # The shape of Llama-3.1-8B's config.json (its checkpoint is not on this machine).
@@ -59,7 +64,7 @@ def _compose(*overrides: str):
 )  # fmt: skip
 def test_every_shipped_config_fits_its_model(server: str, workload: str, tmp_path: Path) -> None:
     """CPU configs against the tiny model's limit; GPU configs against Llama-3.1-8B's config shape."""
-    from harness.tiny_model import TinyModelSpec
+    from harness.serve.tiny_model import TinyModelSpec
 
     model = tmp_path / "model"
     model.mkdir()

@@ -10,11 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import mooncake_workload as mw
-from harness.arrivals import LoadSpec
 from harness.client import run_requests
-from harness.mock_server import MockConfig, MockServer
-from harness.workload import LengthDist, WorkloadSpec, build_workload
+from harness.serve.mock_server import MockConfig, MockServer
+from harness.workload import mooncake as mw
+from harness.workload.arrivals import LoadSpec
+from harness.workload.lengths import LengthDist
+from harness.workload.registry import build_workload
+from harness.workload.spec import WorkloadSpec
 from tests.harness_run import run_harness
 
 REPO = Path(__file__).resolve().parent.parent
@@ -109,7 +111,7 @@ def test_a_hash_id_is_the_same_512_tokens_wherever_it_appears_and_pieces_are_dis
 
 
 def test_pieces_are_the_texts_own_tokens(tmp_path, text_file, tok_dir, tok):
-    from harness.packing import _conversation_text
+    from harness.workload.packing import _conversation_text
 
     w = build_workload(mspec(write_trace(tmp_path / "t.jsonl"), text_file), tok_dir, None)
     convs = json.loads(text_file.read_text())
@@ -237,7 +239,7 @@ def test_provenance_records_the_trace_file(tmp_path, text_file, tok_dir):
 
 
 def test_shipped_trace_is_the_default_path() -> None:
-    from harness.trace_file import SHIPPED_TRACE
+    from harness.workload.trace_file import SHIPPED_TRACE
 
     s = WorkloadSpec(name="m", kind="mooncake", num_requests=1, max_model_len=100)
     assert s.trace_path == SHIPPED_TRACE and SHIPPED_TRACE.is_file()
@@ -290,7 +292,7 @@ def test_load_trace_needs_a_trace_workload(tmp_path):
 
 
 def test_missing_and_malformed_trace_files_are_clear_errors(tmp_path, text_file, tok_dir):
-    from harness.trace_file import TraceFormatError
+    from harness.workload.trace_file import TraceFormatError
 
     with pytest.raises(FileNotFoundError, match="trace file not found"):
         build_workload(mspec(tmp_path / "nope.jsonl", text_file), tok_dir, None)

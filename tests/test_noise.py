@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.noise import NoiseProbe, bound_cores, client_cores, pinned, tree_counters
+from harness.serve.noise import NoiseProbe, bound_cores, client_cores, pinned, tree_counters
 
 # What vLLM for CPU logs about its OpenMP binding (vllm/utils/ompmultiprocessing.py), as seen here.
 BINDING_LOG = """INFO 12-03 08:01:02 [ompmultiprocessing.py:185] OpenMP thread binding info:

@@ -1,6 +1,6 @@
-"""The notebooks run headless against small results made here; `harness.plots_cli` (serve runs, sweeps) and
-`benchmarks.host.report` (host-bench runs) redraw every figure of a results directory without Jupyter, and
-`harness.sweep_report` puts a sweep's cells in one table and figure.
+"""The notebooks run headless against small results made here; `harness.analysis.plots_cli` (serve runs,
+sweeps) and `benchmarks.host.report` (host-bench runs) redraw every figure of a results directory without
+Jupyter, and `harness.analysis.sweep_report` puts a sweep's cells in one table and figure.
 
 Serve runs are fabricated from files (no servers, as in test_report_and_resume); the host-bench result is a
 real smoke run of benchmarks.host (native part off: no C++ build needed).
@@ -19,7 +19,8 @@ from nbclient import NotebookClient
 from omegaconf import OmegaConf
 
 from benchmarks.host.report import __main__ as host_report_cli
-from harness import plots_cli, report, sweep_report
+from harness import report
+from harness.analysis import plots_cli, sweep_report
 from harness.files import read_json, write_json
 from tests.test_report_and_resume import ABBA6, _fake_run, _meta
 

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 from harness import report, runner
-from harness.arrivals import LoadSpec
 from harness.config import BenchConfig, ModelConfig, RunConfig, ServerConfig
+from harness.designs import abba
 from harness.files import read_json, write_json, write_jsonl
-from harness.workload import LengthDist, WorkloadSpec
+from harness.workload.arrivals import LoadSpec
+from harness.workload.lengths import LengthDist
+from harness.workload.spec import WorkloadSpec
 
 
 def _cfg(out: Path, repeats: int = 2) -> BenchConfig:
@@ -159,7 +161,7 @@ def test_resume_skips_finished_runs_and_retries_failed_ones(tmp_path: Path, monk
         write_json(run_dir / "status.json", status)
         return status
 
-    monkeypatch.setattr(runner, "run_one", fake_run_one)
+    monkeypatch.setattr(abba, "run_one", fake_run_one)
     cfg = _cfg(tmp_path, repeats=2)
     for index, arm in enumerate(["baseline-paged", "candidate-tagma", "candidate-tagma", "baseline-paged"]):
         (tmp_path / "runs" / f"{index:02d}-{arm}").mkdir(parents=True, exist_ok=True)
@@ -181,9 +183,9 @@ def test_an_arm_without_any_successful_run_is_named() -> None:
 
 def test_abba_order_balances_position() -> None:
     a, b = _cfg(Path("/tmp/x")).arms
-    assert runner.abba_order(1, a, b) == [a, b]
-    assert runner.abba_order(2, a, b) == [a, b, b, a]
-    order = runner.abba_order(4, a, b)
+    assert abba.abba_order(1, a, b) == [a, b]
+    assert abba.abba_order(2, a, b) == [a, b, b, a]
+    order = abba.abba_order(4, a, b)
     assert order.count(a) == order.count(b) == 4
     with pytest.raises(ValueError):
-        runner.abba_order(0, a, b)
+        abba.abba_order(0, a, b)

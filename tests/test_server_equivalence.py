@@ -37,9 +37,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from harness import sharegpt
-from harness.launcher import Server, ServerSpec
-from harness.server_telemetry import parse_prometheus
+from harness.serve.launcher import Server, ServerSpec
+from harness.serve.server_telemetry import parse_prometheus
+from harness.workload import sharegpt_file as sharegpt
 
 pytestmark = pytest.mark.slow
 
@@ -261,7 +261,7 @@ def run_backend(backend: str, plan: Plan, workdir: Path, label: str = "", extra:
 @pytest.fixture(scope="module")
 def plan() -> dict[str, list[list[Req]]]:
     if not (MODEL / "config.json").exists():
-        pytest.skip("tiny model missing: python -m harness.tiny_model")
+        pytest.skip("tiny model missing: python -m harness.serve.tiny_model")
     return build_plan()
 
 

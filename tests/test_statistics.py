@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from harness.statistics import (
+from harness.analysis.statistics import (
     DIRECTION_VERDICTS,
     PRIMARY_METRICS,
     Comparison,

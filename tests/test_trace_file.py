@@ -1,4 +1,5 @@
-"""harness.trace_file: JSONL trace records, recovery from a cut last line, errors, windows, shipped file."""
+"""harness.workload.trace_file: JSONL trace records, recovery from a cut last line, errors, windows, shipped
+file."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import trace_file
-from harness.trace_file import TraceFormatError, TraceRecord
+from harness.workload import trace_file
+from harness.workload.trace_file import TraceFormatError, TraceRecord
 
 SHIPPED_SHA256 = "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df"
 

@@ -20,7 +20,7 @@ from benchmarks.host.trace_jobs import (  # noqa: E402
     reuse_bound,
 )
 from benchmarks.host.trace_replay import eviction_cost, replay, runs_of_ids  # noqa: E402
-from harness.trace_file import TraceRecord  # noqa: E402
+from harness.workload.trace_file import TraceRecord  # noqa: E402
 
 HB = 512
 

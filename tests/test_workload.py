@@ -10,9 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import packing, sharegpt
-from harness import workload as wl
-from harness.workload import LengthDist, WorkloadSpec, build_workload
+from harness.workload import packing
+from harness.workload import sharegpt as wl
+from harness.workload import sharegpt_file as sharegpt
+from harness.workload.lengths import LengthDist
+from harness.workload.registry import build_workload
+from harness.workload.spec import WorkloadSpec
 
 FIXED_OUT = LengthDist("fixed", value=32)
 

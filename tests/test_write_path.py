@@ -634,11 +634,11 @@ def test_a_tagma_server_writes_its_kv_slots_through_the_range_write_path(tmp_pat
     """
     import urllib.request
 
-    from harness.launcher import Server, ServerSpec
+    from harness.serve.launcher import Server, ServerSpec
 
     model = Path(__file__).resolve().parent.parent / "data" / "tiny-llama"
     if not (model / "config.json").exists():
-        pytest.skip("tiny model missing: python -m harness.tiny_model")
+        pytest.skip("tiny model missing: python -m harness.serve.tiny_model")
     pattern = "write-path-{pid}.json"
     spec = ServerSpec(
         model=str(model),

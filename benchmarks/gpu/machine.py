@@ -47,7 +47,7 @@ def machine(s: Settings) -> dict[str, Any]:
         "platform": platform.platform(),
     }
     try:
-        from harness.environment import environment, git_state
+        from harness.serve.environment import environment, git_state
 
         info["git"] = git_state()
         info["environment"] = environment()

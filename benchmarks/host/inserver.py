@@ -2,7 +2,7 @@
 
 Nothing is timed here: the numbers come from a serve run of ``configs/inserver_64x16k.yaml``
 (``make bench-inserver``: 64 concurrent 16K requests on the tiny model, prefix caching off on both arms),
-through :mod:`harness.inserver`. The run read is ``inserver_run`` when given (``make bench-host
+through :mod:`harness.analysis.inserver`. The run read is ``inserver_run`` when given (``make bench-host
 ARGS="inserver_run=<dir>"``), else the newest run of that workload under ``inserver_results_dir`` in which
 both arms have a successful server run. Without one the section says so and its headline row is "not
 measured" (never a number from elsewhere).
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.inserver import WORKLOAD_NAME, find_run, from_run_dir
+from harness.analysis.inserver import WORKLOAD_NAME, find_run, from_run_dir
 
 __all__ = ["run"]
 

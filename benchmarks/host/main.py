@@ -28,8 +28,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from harness.environment import environment
 from harness.files import point_latest, write_json, write_text_atomic
+from harness.serve.environment import environment
 
 log = logging.getLogger("benchmarks.host")
 

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from harness.environment import REPO
+from harness.serve.environment import REPO
 
 __all__ = ["build", "run"]
 

@@ -1,8 +1,8 @@
 """Section trace_replay: a request trace with prefix sharing through vLLM's KV cache manager and tagma's.
 
-The trace is a JSONL file of Mooncake records (:mod:`harness.trace_file`; by default the shipped FAST'25
-conversation trace): arrival time, prompt and output lengths, and one hash id per 512-token block of the
-prompt. Each side is one manager built from the same ``KVCacheConfig`` (``pool_blocks`` blocks of
+The trace is a JSONL file of Mooncake records (:mod:`harness.workload.trace_file`; by default the shipped
+FAST'25 conversation trace): arrival time, prompt and output lengths, and one hash id per 512-token block of
+the prompt. Each side is one manager built from the same ``KVCacheConfig`` (``pool_blocks`` blocks of
 ``block_size`` tokens, one full-attention group, prefix caching on): vLLM's own ``KVCacheManager`` and
 ``TagmaKVCacheManager(...)`` (the factory: whichever manager tagma builds with caching on), in one process,
 stepped alternately (A B, B A, ...) on one simulated clock. ``tagma_variants`` adds tagma managers built with
@@ -75,8 +75,8 @@ from benchmarks.host.trace_jobs import (
     prompt_tokens,
     reuse_bound,
 )
-from harness import trace_file
-from harness.trace_file import TraceRecord
+from harness.workload import trace_file
+from harness.workload.trace_file import TraceRecord
 from tagma.core.registry import build_kv_cache_manager as TagmaKVCacheManager
 
 __all__ = ["Side", "eviction_cost", "replay", "run", "runs_of_ids"]

@@ -29,23 +29,17 @@ from typing import Any
 
 import numpy as np
 
-from harness.compare import ARMS, comparisons, host_time_comparisons, load_runs, ok_runs
+from harness.analysis.compare import HOST_COMPONENTS, comparisons, host_steps, host_time_comparisons
+from harness.analysis.runs import load_runs, ok_runs
+from harness.analysis.statistics import Comparison, holm
+from harness.config import ARM_NAMES as ARMS
 from harness.files import read_json
-from harness.host_time import load_run
-from harness.statistics import Comparison, holm
 
-__all__ = ["MAP_PRIMARY", "STEP_PARTS", "analyse_cell", "mde", "segment_steps"]
+__all__ = ["MAP_PRIMARY", "analyse_cell", "mde", "step_composition"]
 
 MAP_PRIMARY = ("output_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms")
 Z_POWER = NormalDist().inv_cdf(0.8)
-# part of a step -> per-step column (ns) of harness.host_time.load_run
-STEP_PARTS = {
-    "kv_manager": "kv_manager_total_ns_net",
-    "schedule_other": "schedule_other_ns_net",
-    "update_other": "update_other_ns_net",
-    "worker_prepare": "worker_prepare_ns_net",
-}
-HOST_PARTS = tuple(STEP_PARTS)
+HOST_PARTS = tuple(HOST_COMPONENTS)  # kv_manager, schedule_other, update_other, worker_prepare
 
 
 def mde(c: Comparison, alpha: float = 0.05) -> float | None:
@@ -56,32 +50,11 @@ def mde(c: Comparison, alpha: float = 0.05) -> float | None:
     return math.exp(h * (1 + Z_POWER / NormalDist().inv_cdf(1 - alpha / 2))) - 1
 
 
-def segment_steps(run: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
-    """The busy steps of a run (a map segment: its lifetime's steps inside its time window), per part in us,
-    plus ``forward`` (execute wall minus worker preparation) and ``num_reqs``; None without host time."""
-    d = Path(run["dir"])
-    host_dir = (d / run["host_time_dir"]).resolve() if run.get("host_time_dir") else d
-    try:
-        host = load_run(host_dir)
-    except (FileNotFoundError, ValueError):
-        return None
-    s = host.steps
-    keep = s["num_tokens"] > 0
-    keep &= s["end_ns"] >= int(run.get("replay_start_ns") or 0)
-    if run.get("replay_end_ns"):
-        keep &= s["end_ns"] <= int(run["replay_end_ns"])
-    if not keep.any():
-        return None
-    out = {name: s[col][keep] / 1000.0 for name, col in STEP_PARTS.items() if col in s}
-    if "execute_wall_ns" in s and "worker_prepare" in out:
-        out["forward"] = np.maximum(s["execute_wall_ns"][keep] / 1000.0 - out["worker_prepare"], 0.0)
-    out["num_reqs"] = s["num_reqs"][keep].astype(float)
-    return out
-
-
 def step_composition(runs: Sequence[dict], arm: str, backends: Sequence[str]) -> dict[str, Any] | None:
     """Mean us per busy step of each part, averaged over the arm's runs (each run weighs the same)."""
-    per_run = [s for r in ok_runs(runs, arm, backends) if (s := segment_steps(r)) is not None]
+    per_run = [
+        s for r in ok_runs(runs, arm, backends) if (s := host_steps(r)) is not None and len(s["num_reqs"])
+    ]
     if not per_run:
         return None
     parts = [p for p in (*HOST_PARTS, "forward") if all(p in s for s in per_run)]

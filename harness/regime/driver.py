@@ -26,15 +26,17 @@ from typing import Any
 
 from tqdm import tqdm
 
-from harness.arrivals import LoadSpec
 from harness.config import Arm, BenchConfig
+from harness.designs.abba import abba_order, replay_workload
+from harness.designs.server_run import RunFailed, ServerRun, request_row, run_dir_name
 from harness.files import read_json, write_json, write_jsonl
-from harness.lengths import LengthDist
 from harness.metrics import summarize
-from harness.noise import loadavg_1min, pinned
 from harness.regime.cells import CellSpec, GroupSpec
-from harness.runner import RunFailed, ServerRun, _replay, abba_order, request_row, run_dir_name
-from harness.workload import Workload, WorkloadSpec, build_workload
+from harness.serve.noise import loadavg_1min, pinned
+from harness.workload.arrivals import LoadSpec
+from harness.workload.lengths import LengthDist
+from harness.workload.registry import build_workload
+from harness.workload.spec import Workload, WorkloadSpec
 
 __all__ = ["GroupRun", "segment_done"]
 
@@ -279,7 +281,7 @@ class GroupRun:
                     desc=f"{index:02d} {arm.label} {cell.name}",
                 ) as bar,
             ):
-                results, duration = asyncio.run(_replay(cfg, server.base_url, wl, bar))
+                results, duration = asyncio.run(replay_workload(cfg, server.base_url, wl, bar))
             status["replay_end_ns"] = time.time_ns()
             assert server.server is not None
             if not server.server.alive():

@@ -16,13 +16,13 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from harness import tiny_model
 from harness.config import BenchConfig, from_mapping
-from harness.environment import environment
 from harness.files import read_json, write_json
 from harness.regime.analysis import analyse_cell
 from harness.regime.cells import GroupSpec, MapSpec, expand_grid
 from harness.regime.driver import GroupRun
+from harness.serve import tiny_model
+from harness.serve.environment import environment
 
 log = logging.getLogger("harness.regime")
 

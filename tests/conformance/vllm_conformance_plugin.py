@@ -76,7 +76,7 @@ def _load(spec: str):
 def pytest_load_initial_conftests(early_config, parser, args) -> None:
     # Before vLLM's conftests are imported (they import vllm, which reads its env vars).
     if not TINY_MODEL.is_dir():
-        raise pytest.UsageError(f"local model {TINY_MODEL} missing: run `python -m harness.tiny_model`")
+        raise pytest.UsageError(f"local model {TINY_MODEL} missing: run `python -m harness.serve.tiny_model`")
     os.environ.setdefault("VLLM_MODEL_REDIRECT_PATH", str(_redirect_file()))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.plots import COLORS, plt
+from harness.analysis.plots import COLORS, plt
 
 __all__ = ["COLOR", "loglog", "plt"]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from benchmarks.host.report.axes import COLOR, loglog, plt
 from benchmarks.host.report.table import TARGETS, at, row
-from harness.plots import save_figure
+from harness.analysis.plots import save_figure
 
 __all__ = ["headline_rows", "plot"]
 

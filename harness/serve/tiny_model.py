@@ -12,9 +12,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import sharegpt
+from harness.workload import sharegpt_file as sharegpt
 
-DEFAULT_DIR = Path(__file__).resolve().parent.parent / "data" / "tiny-llama"
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "data" / "tiny-llama"
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"

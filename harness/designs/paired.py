@@ -10,24 +10,35 @@ servers, so server-lifetime effects also enter the comparison.
 
 Each arm's requests.jsonl carries ``pair`` (the position of the pair in measurement order over all rounds),
 ``round`` and ``first`` (whether this arm went first in the pair).
+
+Comparison: requests are paired (the same prompt to both arms, seconds apart); latency statistics compare the
+paired arrays in measurement order. ITL enters as each request's mean gap. Output throughput is tokens over
+latency; with identical output lengths on both arms (ignore_eos) its ratio is the inverse of the mean-E2EL
+ratio, which is how it is computed. In-server host time is also compared per request, paired by prompt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
+from collections.abc import Mapping, Sequence
 
 import aiohttp
+import numpy as np
 from tqdm import tqdm
 
+from harness.analysis.runs import LATENCY_KEYS, LATENCY_STATS, arm_of, ok_runs
+from harness.analysis.statistics import Comparison, compare_pairs
 from harness.client import ClientConfig, RequestResult, completions_url, encode_body, make_session, send_one
-from harness.config import BenchConfig
+from harness.config import ARM_NAMES, BenchConfig
+from harness.designs.base import Design, HostSteps
+from harness.designs.server_run import RunFailed, ServerRun, failure_reason, run_dir_name, run_is_done
 from harness.files import read_json
-from harness.launcher import ServerError
-from harness.noise import pinned
-from harness.runner import RunFailed, ServerRun, failure_reason, run_dir_name, run_is_done
-from harness.workload import Workload
+from harness.serve.launcher import ServerError
+from harness.serve.noise import pinned
+from harness.workload.spec import Workload
 
 
 def first_arm_of(pair: int) -> int:
@@ -98,7 +109,7 @@ def run_round(cfg: BenchConfig, workload: Workload, round_index: int) -> list[di
     return [run.write_status() for run in runs]
 
 
-def run_paired(cfg: BenchConfig, workload: Workload) -> list[dict]:
+def run(cfg: BenchConfig, workload: Workload) -> list[dict]:
     """Every round of the paired design; a round whose two runs are both ok is skipped on resume."""
     statuses: list[dict] = []
     for r in tqdm(range(cfg.run.repeats), desc="paired rounds", unit="round"):
@@ -112,3 +123,98 @@ def run_paired(cfg: BenchConfig, workload: Workload) -> list[dict]:
                 tqdm.write(f"round {r} {s['arm']} ({s['backend']}) FAILED: {s['reason'].splitlines()[0]}")
         statuses += round_statuses
     return statuses
+
+
+# --------------------------------------------------------------------------------------------- comparison
+
+_FLIP = {"faster": "higher", "slower": "lower"}
+
+
+def paired_values(runs: Sequence[dict], backends: Sequence[str], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(baseline, candidate) values of ``key`` for the pairs both arms served, in measurement order."""
+    by_arm: dict[str, dict[int, float]] = {a: {} for a in ARM_NAMES}
+    for run in runs:
+        if run["status"] != "ok":
+            continue
+        for row in run["requests"]:
+            v = row.get(key)
+            if isinstance(v, list):
+                v = float(np.mean(v)) if v else None
+            if row["success"] and v is not None and row.get("pair") is not None:
+                by_arm[arm_of(run, backends)][int(row["pair"])] = float(v)
+    base, cand = (by_arm[a] for a in ARM_NAMES)
+    pairs = sorted(set(base) & set(cand))
+    return np.asarray([base[p] for p in pairs]), np.asarray([cand[p] for p in pairs])
+
+
+def invert(c: Comparison, metric: str) -> Comparison:
+    """The comparison of 1/x from that of x (a latency ratio turned into a throughput ratio)."""
+    inv = lambda x: None if x is None or x == 0 else 1.0 / x  # noqa: E731
+    return dataclasses.replace(
+        c, metric=metric, baseline=None, candidate=None, ratio=inv(c.ratio),
+        ci_low=inv(c.ci_high), ci_high=inv(c.ci_low), verdict=_FLIP.get(c.verdict, c.verdict),
+        method=f"{c.method}, 1 / mean E2EL",
+    )  # fmt: skip
+
+
+def _pair_rows(
+    runs: Sequence[dict], backends: Sequence[str], primary: set[str], n_boot: int
+) -> list[Comparison]:
+    out: list[Comparison] = []
+    for key in LATENCY_KEYS:
+        a, b = paired_values(runs, backends, key)
+        for stat_name in LATENCY_STATS:
+            name = f"{stat_name}_{key}"
+            out.append(compare_pairs(name, a, b, stat_name, lower_is_better=True, primary=name in primary,
+                                     n_boot=n_boot))  # fmt: skip
+    a, b = paired_values(runs, backends, "e2el_ms")
+    for key in ("output_throughput", "request_throughput"):
+        c = compare_pairs(key, a, b, "mean", lower_is_better=True, primary=key in primary,
+                          n_boot=n_boot)  # fmt: skip
+        out.append(invert(c, key))
+    return out
+
+
+def rows(runs: Sequence[dict], backends: Sequence[str], primary: set[str], n_boot: int) -> list[Comparison]:
+    rounds = [len(ok_runs(runs, a, backends)) for a in ARM_NAMES]  # the server lifetimes the pairs came from
+    return [dataclasses.replace(c, runs_baseline=rounds[0], runs_candidate=rounds[1])
+            for c in _pair_rows(runs, backends, primary, n_boot)]  # fmt: skip
+
+
+def per_request_host(
+    steps: Mapping[str, np.ndarray], requests: Sequence[Mapping], name: str
+) -> dict[int, float]:
+    """pair -> CPU us of component ``name`` over the steps that ended while that request was in flight."""
+    end = steps["end_ns"]
+    out: dict[int, float] = {}
+    for row in requests:
+        if row.get("pair") is None or not row["success"] or row.get("wall_start_ns") is None:
+            continue
+        inside = (end >= row["wall_start_ns"]) & (end <= row["wall_end_ns"])
+        out[int(row["pair"])] = float(steps[name][inside].sum())
+    return out
+
+
+def host_rows(component: str, steps: HostSteps, n_boot: int) -> list[Comparison]:
+    """In-server CPU time of ``component`` per request, paired by prompt."""
+    per: list[dict[int, float]] = [{}, {}]
+    for k, arm in enumerate(ARM_NAMES):
+        for run, s in steps[arm]:
+            per[k].update(per_request_host(s, run["requests"], component))
+    pairs = sorted(set(per[0]) & set(per[1]))
+    if not pairs:
+        return []
+    c = compare_pairs(f"{component}_us_per_request", np.asarray([per[0][p] for p in pairs]),
+                      np.asarray([per[1][p] for p in pairs]), "mean", n_boot=n_boot)  # fmt: skip
+    return [dataclasses.replace(c, runs_baseline=len(steps[ARM_NAMES[0]]),
+                                runs_candidate=len(steps[ARM_NAMES[1]]))]  # fmt: skip
+
+
+DESIGN = Design(
+    name="paired",
+    run=run,
+    rows=rows,
+    host_rows=host_rows,
+    samples_note=lambda n: f"{n} request pairs",
+    runs_heading="rounds of server pairs",
+)

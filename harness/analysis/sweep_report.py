@@ -1,9 +1,9 @@
 """One table and one figure over the cells of a sweep (backend pair x workload x request rate).
 
-`python -m harness.sweep_report SWEEP_DIR [RUN_DIR ...]`: SWEEP_DIR is searched (a few levels deep) for serve
-run directories (config.json + runs/); RUN_DIR arguments add cells found elsewhere. Each cell's A/B ratios
-come from its summary.json (what harness.report wrote), or are recomputed from its run files when it has none.
-Writes SWEEP_DIR/sweep_report.md, SWEEP_DIR/sweep_summary.json and SWEEP_DIR/plots/sweep_ratios.png.
+`python -m harness.analysis.sweep_report SWEEP_DIR [RUN_DIR ...]`: SWEEP_DIR is searched (a few levels deep)
+for serve run directories (config.json + runs/); RUN_DIR arguments add cells found elsewhere. Each cell's A/B
+ratios come from its summary.json (what harness.report wrote), or are recomputed from its run files when it
+has none. Writes SWEEP_DIR/sweep_report.md, SWEEP_DIR/sweep_summary.json and SWEEP_DIR/plots/sweep_ratios.png.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from harness import plots, report
-from harness.compare import comparisons
+from harness import report
+from harness.analysis import plots
+from harness.analysis.compare import comparisons
+from harness.analysis.run_dirs import find_serve_runs
+from harness.config import SavedConfig
 from harness.files import read_json, write_json, write_text_atomic
-from harness.run_dirs import find_serve_runs
-from tagma.contract import BACKENDS
 
 METRICS = (
     "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "p99_itl_ms", "mean_e2el_ms",
@@ -28,18 +29,18 @@ METRICS = (
 
 def cell(run_dir: Path, n_boot: int | None = None) -> dict:
     """One sweep cell: what it ran (workload, load, backends) and its A/B rows by metric."""
-    cfg = read_json(run_dir / "config.json")
-    backends = tuple(cfg.get("backends", BACKENDS))
+    cfg = SavedConfig.load(run_dir)
+    backends = cfg.backends
     summary = read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
     ab = summary.get("ab")
     if ab is None:
         runs = report.load_runs(run_dir)
         ab = [r.to_dict() for r in comparisons(runs, cfg, n_boot)]
-    load = cfg.get("load", {})
+    load = cfg.section("load")
     return {
         "dir": str(run_dir),
         "backends": list(backends),
-        "workload": cfg.get("workload", {}).get("name", "?"),
+        "workload": cfg.section("workload").get("name", "?"),
         "mode": load.get("mode"),
         "request_rate": load.get("request_rate"),
         "max_concurrency": load.get("max_concurrency"),

@@ -12,7 +12,7 @@ sweep compares the same arrival pattern at different speeds.
 Closed loop: every request is ready at t = 0 and the client keeps max_concurrency of them in flight.
 
 Trace: each request is sent at the time its trace record gives (the workload's ``arrivals``, see
-:mod:`harness.mooncake_workload`), open loop.
+:mod:`harness.workload.mooncake`), open loop.
 """
 
 from __future__ import annotations

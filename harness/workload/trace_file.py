@@ -6,10 +6,10 @@ equal ids at the same position mean equal block content, so a shared leading run
 prefix). Other keys are ignored. The shipped copy is Moonshot AI's FAST'25 conversation trace
 (``data/mooncake/``, Apache-2.0; ``PROVENANCE.md`` beside it).
 
-Recovery follows :mod:`harness.sharegpt`: a file cut mid-record keeps every complete record before the cut
-and says so (``Provenance.truncated`` and the cut line's number). Only the last line can be a cut: it has no
-newline after it and does not parse. Anything else that does not parse or does not have the record's shape
-raises :class:`TraceFormatError` naming the line; so does a file with no complete record.
+Recovery follows :mod:`harness.workload.sharegpt_file`: a file cut mid-record keeps every complete record
+before the cut and says so (``Provenance.truncated`` and the cut line's number). Only the last line can be a
+cut: it has no newline after it and does not parse. Anything else that does not parse or does not have the
+record's shape raises :class:`TraceFormatError` naming the line; so does a file with no complete record.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 # Tokens per hash block in the Mooncake traces.
 DEFAULT_HASH_BLOCK_TOKENS = 512
-SHIPPED_TRACE = Path(__file__).resolve().parent.parent / "data" / "mooncake" / "conversation_trace.jsonl"
+SHIPPED_TRACE = Path(__file__).resolve().parents[2] / "data" / "mooncake" / "conversation_trace.jsonl"
 SHIPPED_SOURCE = "Mooncake FAST'25 conversation trace (Moonshot AI, Apache-2.0); data/mooncake/PROVENANCE.md"
 
 

@@ -6,7 +6,7 @@ In-process use (nothing is left running after the block)::
         await run_requests(srv.url, "mock", ...)
 
 Out-of-process use (the client-overhead benchmark, so the server does not share the client's event loop):
-``python -m harness.mock_server --port 0`` prints ``PORT <n>`` and serves until SIGTERM/SIGINT.
+``python -m harness.serve.mock_server --port 0`` prints ``PORT <n>`` and serves until SIGTERM/SIGINT.
 
 Streams like vLLM: ``data: {chunk}\\n\\n`` events with ``choices[0].text``, then (when
 ``stream_options.include_usage``) a ``choices: []`` event with ``usage``, then ``data: [DONE]``.

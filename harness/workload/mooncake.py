@@ -29,18 +29,18 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from harness import trace_file
-from harness.datasets_source import Source, tokenize_texts
-from harness.packing import _conversation_text
+import numpy as np
 
-if TYPE_CHECKING:
-    from harness.workload import RequestSpec, WorkloadSpec
+from harness.workload import datasets_source, trace_file
+from harness.workload.datasets_source import Source, tokenize_texts
+from harness.workload.packing import _conversation_text, _load_tokenizer, _tokenizer_hashes
+from harness.workload.spec import RequestSpec, Workload, WorkloadSpec
 
-OVERFLOW = ("filter", "cut")
 _BATCH = 64  # conversations tokenized at a time
 
 
@@ -198,10 +198,6 @@ def select(spec: WorkloadSpec, trace: trace_file.Trace, path: Path) -> tuple[lis
 def build(spec: WorkloadSpec, source: Source, tokenizer: Any, trace_path: Path
           ) -> tuple[list[RequestSpec], list[RequestSpec], list[float], dict[str, Any]]:
     """(requests, warm-up, arrival offsets in seconds, provenance) of a trace workload."""
-    import numpy as np
-
-    from harness.workload import RequestSpec
-
     trace = trace_file.load(trace_path, spec.hash_block_tokens)
     chosen, overflow = select(spec, trace, trace_path)
     block = trace.hash_block_tokens
@@ -246,3 +242,17 @@ def build(spec: WorkloadSpec, source: Source, tokenizer: Any, trace_path: Path
         "prompts": "token ids",
     }
     return requests, warmup, arrivals, provenance
+
+
+def build_workload(spec: WorkloadSpec, tokenizer_dir: Path, cache_dir: Path | None) -> Workload:
+    """The trace workload for spec; rebuilt every time (its prompts are token ids: a cache would be large)."""
+    t0 = time.perf_counter()
+    tokenizer_dir = Path(tokenizer_dir)
+    hf_cache = Path(cache_dir) / "datasets" if cache_dir is not None else None
+    tok_hashes = _tokenizer_hashes(tokenizer_dir)
+    source = datasets_source.load_conversations(spec.dataset, hf_cache)
+    tok = _load_tokenizer(tokenizer_dir).tok
+    requests, warmup, arrivals, prov = build(spec, source, tok, spec.trace_path)
+    provenance = {**prov, "tokenizer_dir": str(tokenizer_dir.resolve()), **tok_hashes}
+    return Workload(spec, warmup, requests, provenance, build_seconds=time.perf_counter() - t0,
+                    arrivals=arrivals)

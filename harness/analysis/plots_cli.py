@@ -1,8 +1,9 @@
-"""Regenerate every figure of a serve run or a sweep without Jupyter: `python -m harness.plots_cli RUN_DIR`.
+"""Regenerate every figure of a serve run or a sweep without Jupyter:
+`python -m harness.analysis.plots_cli RUN_DIR`.
 
 RUN_DIR is a serve run (config.json + runs/) or a sweep directory (serve runs below it, e.g. a Hydra
 multirun dir). The figures come from the same functions the reports and the notebooks call
-(harness.plots, harness.report.make_figures). Benchmark results have their own entry points
+(harness.analysis.plots, harness.report.make_figures). Benchmark results have their own entry points
 (`python -m benchmarks.host.report RUN_DIR`); `make plots` picks the one that fits a directory.
 """
 
@@ -13,20 +14,17 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from harness import plots, report
-from harness.compare import comparisons
+from harness import report
+from harness.analysis import plots
+from harness.analysis.compare import comparisons
+from harness.analysis.run_dirs import find_serve_runs, is_serve_run
+from harness.config import SavedConfig
 from harness.files import read_json
-from harness.run_dirs import find_serve_runs, is_serve_run
-from tagma.contract import BACKENDS
 
 
 def serve_meta(run_dir: Path) -> dict:
-    meta = {
-        "config": read_json(run_dir / "config.json"),
-        "workload": read_json(run_dir / "workload.json"),
-    }
-    meta["backends"] = tuple(meta["config"].get("backends", BACKENDS))
-    return meta
+    config = SavedConfig.load(run_dir)
+    return {"config": config, "backends": config.backends, "workload": read_json(run_dir / "workload.json")}
 
 
 def ranges_series(runs: list[dict]) -> dict[str, tuple[list[float], list[float], list[float]]]:
@@ -70,7 +68,7 @@ def serve_figures(run_dir: Path, n_boot: int | None = None, out_root: Path | Non
     out_root = Path(out_root) if out_root is not None else run_dir
     meta = serve_meta(run_dir)
     if n_boot is None:
-        n_boot = int(meta["config"].get("run", {}).get("n_boot", 2000))
+        n_boot = meta["config"].run.n_boot
     runs = report.load_runs(run_dir)
     ab = comparisons(runs, meta["config"], n_boot)
     figures = report.make_figures(out_root, runs, ab, meta)
@@ -84,7 +82,7 @@ def regenerate(run_dir: Path, n_boot: int | None = None) -> list[Path]:
     run_dir = Path(run_dir).resolve()
     if is_serve_run(run_dir):
         return serve_figures(run_dir, n_boot)
-    from harness import sweep_report
+    from harness.analysis import sweep_report
 
     cells = find_serve_runs(run_dir)
     if not cells:

@@ -2,12 +2,12 @@
 
 ``workload.dataset`` names the source:
 
-- ``None``: the packaged, truncated ShareGPT copy, recovered by :mod:`harness.sharegpt` (the offline default;
-  its provenance record is unchanged).
+- ``None``: the packaged, truncated ShareGPT copy, recovered by :mod:`harness.workload.sharegpt_file` (the
+  offline default; its provenance record is unchanged).
 - a local ``.json`` / ``.jsonl`` file, loaded with HF ``datasets`` (Arrow-cached). A ShareGPT-style file
   (rows with ``conversations``: ``from``/``value`` turns, or ``messages``: ``role``/``content`` turns) gives
   conversations. A file of trace records (``timestamp``, ``input_length``, ``output_length``, ``hash_ids``
-  per line) is a trace: the workload is then replayed from it (see :mod:`harness.mooncake_workload`). A JSON
+  per line) is a trace: the workload is then replayed from it (see :mod:`harness.workload.mooncake`). A JSON
   array that ``datasets`` cannot parse because it was cut mid-element is recovered element by element, as
   the packaged copy is.
 - anything else is taken as a hub dataset id (``owner/name``, optionally ``owner/name:split``), loaded with
@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import sharegpt
+from harness.workload import sharegpt_file as sharegpt
 
 __all__ = ["DatasetUnavailable", "Source", "is_trace_file", "load_conversations", "tokenize_texts"]
 
@@ -118,7 +118,8 @@ def _load_local(path: Path, cache_dir: Path | None) -> Source:
             items, prov = sharegpt.load(path)
             items = [_normalize(it, str(path)) for it in items if isinstance(it, dict)]
             return Source(items, {**asdict(prov), "source": f"local file {path.name} (recovered)",
-                                  "loader": "harness.sharegpt (datasets could not parse it)"}, sha)
+                                  "loader": "harness.workload.sharegpt_file (datasets could not parse it)"},
+                          sha)
         raise ValueError(f"{path} is not a readable JSON/JSONL dataset: {type(err).__name__}: "
                          f"{str(err).splitlines()[0] if str(err) else ''}") from err
     if len(ds) == 0:

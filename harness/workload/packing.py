@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from harness import sharegpt
+from harness.workload import sharegpt_file as sharegpt
 
 TOLERANCE = 0.01  # largest relative prompt-length error accepted when no cut is exact
 _ROLES = {"human": "User", "user": "User", "gpt": "Assistant", "chatgpt": "Assistant", "bing": "Assistant",

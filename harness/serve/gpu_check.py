@@ -1,4 +1,5 @@
-"""`python -m harness.gpu_check`: exit non-zero with a clear message unless a GPU and a CUDA vLLM are here."""
+"""`python -m harness.serve.gpu_check`: exit non-zero with a clear message unless a GPU and a CUDA vLLM are
+here."""
 
 from __future__ import annotations
 
