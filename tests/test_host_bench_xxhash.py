@@ -20,7 +20,7 @@ from benchmarks.host.report import trace_replay as trace_report  # noqa: E402
 from benchmarks.host.report.table import TARGETS, summary_table  # noqa: E402
 from benchmarks.host.trace_jobs import ReplayConfig, jobs_from_records  # noqa: E402
 from benchmarks.host.trace_replay import replay  # noqa: E402
-from harness.trace_file import TraceRecord  # noqa: E402
+from harness.workload.trace_file import TraceRecord  # noqa: E402
 
 BS = 16
 

@@ -42,8 +42,8 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 
 from benchmarks.host.manager_ops import admit, build_managers, make_request
 from benchmarks.host.timing import interleaved, pair_entry, summarize, timed_ns
-from tagma import prefix_index as prefix_module
 from tagma.engine import RangeEngine
+from tagma.engine import prefix_index as prefix_module
 from tagma.engine.prefix_index import EvictionMode, PrefixIndex
 
 __all__ = ["run"]

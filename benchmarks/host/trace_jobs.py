@@ -12,8 +12,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness import trace_file
-from harness.trace_file import TraceRecord
+from harness.workload import trace_file
+from harness.workload.trace_file import TraceRecord
 
 __all__ = [
     "HASH_ID_TOKEN_BASE",

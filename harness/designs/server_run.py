@@ -53,6 +53,8 @@ def server_spec(cfg: BenchConfig, arm: Arm, run_dir: Path) -> ServerSpec:
         **s.env,
         contract.ENV_TELEMETRY_FILE: str(run_dir / contract.PLACEMENT_TELEMETRY_FILE),
         contract.ENV_TELEMETRY_INTERVAL_S: f"{cfg.run.telemetry_interval_s:g}",
+        # the host-time records are flushed as often (run.telemetry_interval_s says so: see finish())
+        contract.ENV_HOST_TIME_FLUSH_S: f"{cfg.run.telemetry_interval_s:g}",
     }
     if cfg.run.host_time:
         env[contract.ENV_HOST_TIME_FILE] = str(run_dir / contract.HOST_TIME_FILE)

@@ -14,7 +14,7 @@ exactly once per engine step, so step ``i`` of both files is the same step (both
 
 A file is a sequence of JSON lines, each a :class:`HostTimeChunk`: the steps finished since the previous
 line, as rows of integers under the chunk's ``columns``. The writer buffers rows in memory and a daemon
-thread writes one line every ``TAGMA_TELEMETRY_INTERVAL_S`` (default 0.5 s), plus one at process exit, so
+thread writes one line every ``TAGMA_HOST_TIME_FLUSH_S`` (default 0.5 s), plus one at process exit, so
 the step path only appends a tuple to a deque.
 
 All times are thread CPU time (``time.thread_time_ns``) of the thread that made the call, in ns. Reading
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tagma.contract import ENV_HOST_TIME_FILE, ENV_TELEMETRY_INTERVAL_S
+from tagma.contract import DEFAULT_HOST_TIME_FLUSH_S, ENV_HOST_TIME_FILE, ENV_HOST_TIME_FLUSH_S
 
 __all__ = [
     "COLUMNS",
@@ -53,8 +53,8 @@ __all__ = [
 ]
 
 ENV_FILE = ENV_HOST_TIME_FILE
-ENV_INTERVAL = ENV_TELEMETRY_INTERVAL_S
-DEFAULT_INTERVAL_S = 0.5
+ENV_INTERVAL = ENV_HOST_TIME_FLUSH_S
+DEFAULT_INTERVAL_S = DEFAULT_HOST_TIME_FLUSH_S
 FORMAT_VERSION = 1
 
 # Columns per role, in row order. Scheduler side (engine-core process):
@@ -272,7 +272,7 @@ class ChunkWriter:
 
 
 def interval_from_env(env: Any = None) -> float:
-    """``TAGMA_TELEMETRY_INTERVAL_S`` as the flush interval (default 0.5 s); 0 or less means the default."""
+    """``TAGMA_HOST_TIME_FLUSH_S``, the flush interval (default 0.5 s); 0 or less means the default."""
     env = os.environ if env is None else env
     raw = env.get(ENV_INTERVAL)
     if not raw:

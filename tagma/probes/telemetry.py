@@ -23,7 +23,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tagma.contract import ENV_TELEMETRY_FILE, ENV_TELEMETRY_INTERVAL_S, PlacementRecord
+from tagma.contract import (
+    DEFAULT_TELEMETRY_INTERVAL_S,
+    ENV_TELEMETRY_FILE,
+    ENV_TELEMETRY_INTERVAL_S,
+    PlacementRecord,
+)
 
 __all__ = ["BlockRuns", "Telemetry", "runs_summary"]
 
@@ -100,9 +105,9 @@ class Telemetry:
         self.manager = manager
         self.engine = engine
         self.path = path if path is not None else (os.environ.get(ENV_FILE) or None)
-        self.interval_s = (
-            interval_s if interval_s is not None else float(os.environ.get(ENV_INTERVAL, "1.0"))
-        )
+        if interval_s is None:
+            interval_s = float(os.environ.get(ENV_INTERVAL, DEFAULT_TELEMETRY_INTERVAL_S))
+        self.interval_s = interval_s
         self._next = 0.0
         self._runs = BlockRuns()
         self.peak_ranges_per_request = 0
