@@ -19,9 +19,9 @@ Environment of a tagma server (all optional):
 * ``TAGMA_RESERVE_ADMISSION``: ``<percent>/<pieces>`` (default ``100/4``; ``0`` turns it off): under
   ``reserve``, a waiting request is admitted once ``percent``% of its expected blocks fit in its ``pieces``
   largest free parts clear of other requests' reservations (else vLLM leaves it waiting);
-* ``TAGMA_PREFIX_EVICTION``: how the prefix index evicts cached blocks (``lru``: vLLM's exact order;
-  ``contiguous``, the default: cached blocks are placeable space, evicted when a request takes them, so
-  that requests grow in place);
+* ``TAGMA_PREFIX_EVICTION``: how the prefix index evicts cached blocks (``lru``, the default: vLLM's exact
+  order; ``contiguous``, opt-in: cached blocks are placeable space, evicted when a request takes them, so
+  that requests grow in place, at a hit-rate cost);
 * ``TAGMA_RANGE_MANAGER``: ``0`` keeps the block-object manager when prefix caching is off (default: the
   range-native manager);
 * ``TAGMA_HOST_TIME_FILE``: where the server writes its in-server host (CPU) time records;
@@ -67,7 +67,7 @@ ENV_TELEMETRY_FILE: Final = "TAGMA_TELEMETRY_FILE"
 ENV_TELEMETRY_INTERVAL_S: Final = "TAGMA_TELEMETRY_INTERVAL_S"
 DEFAULT_TELEMETRY_INTERVAL_S: Final = 1.0
 ENV_PLACEMENT: Final = "TAGMA_PLACEMENT"
-ENV_PREFIX_EVICTION: Final = "TAGMA_PREFIX_EVICTION"  # lru | contiguous (default), caching on
+ENV_PREFIX_EVICTION: Final = "TAGMA_PREFIX_EVICTION"  # lru (default) | contiguous, caching on
 ENV_RANGE_MANAGER: Final = "TAGMA_RANGE_MANAGER"  # "0": the block-object manager even with caching off
 ENV_RESERVE_ADMISSION: Final = "TAGMA_RESERVE_ADMISSION"  # "<percent>/<pieces>" under TAGMA_PLACEMENT=reserve
 ENV_HOST_TIME_FILE: Final = "TAGMA_HOST_TIME_FILE"

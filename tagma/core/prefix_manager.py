@@ -15,7 +15,7 @@ vLLM's meaning is kept where the scheduler can see it:
 * ``allocate_slots``: vLLM's admission arithmetic (cache-only hits count against the free blocks, as
   vLLM's evictable hits do), then the hit is attached (one engine call that walks the index again), new
   blocks appended with their growth hint (prompt + max_tokens; the engine evicts cached blocks as its
-  eviction mode says: by default it places over cached space so the request grows in place) and the full
+  eviction mode says: exact LRU by default; under contiguous it places over cached space) and the full
   blocks up to ``min(computed + new, num_tokens)`` tokens indexed, prompt and output
   alike, as vLLM caches them;
 * ``free``: the request's blocks not used by another request become cache-only (evictable, LRU);
@@ -51,9 +51,9 @@ __all__ = ["ENV_PREFIX_EVICTION", "HitBlocks", "PrefixKVCacheManager"]
 
 logger = logging.getLogger("vllm.tagma")
 
-# Contiguity-aware eviction by default: with a pool full of cached blocks, growing requests stay in few
-# ranges (exact LRU, "lru", keeps vLLM's eviction order).
-DEFAULT_EVICTION = "contiguous"
+# Exact LRU (vLLM's eviction order) by default: "contiguous" broke the hit-rate bound on the trace family
+# (benchmarks/host/trace_family_replay.py); it stays opt-in, and contiguity comes from placement.
+DEFAULT_EVICTION = "lru"
 
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 _NO_TOKENS = "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
@@ -119,7 +119,7 @@ class HitBlocks(KVCacheBlocks):
 
 class PrefixKVCacheManager(RangeKVCacheManager):
     """``KVCacheManager`` for prefix caching on, built through ``TagmaKVCacheManager(...)`` (same arguments;
-    ``prefix_eviction``: ``lru`` | ``contiguous``, default ``$TAGMA_PREFIX_EVICTION`` or contiguous)."""
+    ``prefix_eviction``: ``lru`` | ``contiguous``, default ``$TAGMA_PREFIX_EVICTION`` or lru)."""
 
     uses_block_hashes = False  # the engine core builds requests without vLLM's block hasher
 
