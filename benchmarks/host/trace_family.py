@@ -303,12 +303,12 @@ def write_jsonl(trace: GeneratedTrace, path: str | Path) -> Path:
 def family(scale: str = "ci", mixtures: int = 6) -> list[tuple[TraceParams, int]]:
     """The family's members as (params, seed): six pure patterns, then ``mixtures`` seeded random mixtures.
 
-    ``scale``: ``ci`` (small: 64-token hash blocks, prompts up to 4K tokens, 150 requests; about a second
+    ``scale``: ``ci`` (small: 64-token hash blocks, prompts up to 4K tokens, 120 requests; about a second
     a replay), ``bench`` (prompts up to 32K, 600 requests) or ``full`` (up to 128K, 2,000 requests).
     """
     if scale == "ci":
         base = TraceParams(
-            requests=150,
+            requests=120,
             hash_block_tokens=64,
             median_tokens=160,
             max_input_tokens=4096,
@@ -318,7 +318,7 @@ def family(scale: str = "ci", mixtures: int = 6) -> list[tuple[TraceParams, int]
             think_s=4.0,
             system_blocks=(2, 10),
             tool_blocks=(1, 4),
-            burst_period_s=6.0,
+            burst_period_s=1.0,
         )
     elif scale == "bench":
         base = TraceParams(
@@ -330,6 +330,7 @@ def family(scale: str = "ci", mixtures: int = 6) -> list[tuple[TraceParams, int]
             max_output_tokens=400,
             rate_per_s=6.0,
             think_s=15.0,
+            burst_period_s=6.0,
         )
     elif scale == "full":
         base = TraceParams(
@@ -341,6 +342,7 @@ def family(scale: str = "ci", mixtures: int = 6) -> list[tuple[TraceParams, int]
             max_output_tokens=1024,
             rate_per_s=6.0,
             think_s=30.0,
+            burst_period_s=12.0,
         )
     else:
         raise ValueError(f"scale must be ci, bench or full, got {scale!r}")
@@ -352,7 +354,12 @@ def family(scale: str = "ci", mixtures: int = 6) -> list[tuple[TraceParams, int]
         base.scaled(
             name="longtail", mix={"agent": 1.0, "chat": 1.0, "rag": 1.0, "unique": 1.0}, length_sigma=1.8
         ),
-        base.scaled(name="bursty", burst=12.0, burst_on=0.15),
+        base.scaled(
+            name="bursty",
+            mix={"agent": 1.0, "rag": 1.0, "chat": 0.2, "unique": 0.5},
+            burst=12.0,
+            burst_on=0.15,
+        ),
     ]
     members = [(p, 1000 + i) for i, p in enumerate(pure)]
     for i in range(mixtures):
