@@ -118,14 +118,14 @@ def family_rows(family: dict[str, Any]) -> list[dict[str, Any]]:
     for name, worst in family["worst"].items():
         o = worst["overall"]
         w = o["worst"]
-        label = "default" if name == "tagma" else name
+        label = "tagma default" if name == "tagma" else name
         where = f"{o['trace']} at {o['factor']:g}x ({o['pool_blocks']} blocks)"
         per_factor = ", ".join(
             f"{f}x {'met' if s['met'] else 'broken ' + str(s['broken'])}"
             for f, s in worst["per_factor"].items()
         )
         hit = row(
-            f"trace family worst case: prefix hit rate, tagma {label} "
+            f"trace family worst case: prefix hit rate, {label} "
             f"(eviction {worst['prefix_eviction']}) vs exact LRU ({span} working set)",
             None,
             w["lru_hit_rate"],
@@ -136,7 +136,7 @@ def family_rows(family: dict[str, Any]) -> list[dict[str, Any]]:
             f"bound broken at {o['broken']} points ({per_factor}); paged = vLLM's KVCacheManager (exact LRU)",
         )
         missed = row(
-            f"trace family worst case: missed prompt tokens (prefill), tagma {label} vs exact LRU",
+            f"trace family worst case: missed prompt tokens (prefill), {label} vs exact LRU",
             None,
             w["lru_missed_share"],
             w["missed_share"],
@@ -145,7 +145,7 @@ def family_rows(family: dict[str, Any]) -> list[dict[str, Any]]:
             f"{100 * o['max_missed_excess']:+.1f}% (5% allowed)",
         )
         ranges = row(
-            f"trace family ranges/request, tagma {label}: largest mean over the family",
+            f"trace family ranges/request, {label}: largest mean over the family",
             None,
             o["lru_ranges_mean_max"],
             o["ranges_mean_max"],
