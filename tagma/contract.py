@@ -19,9 +19,9 @@ Environment of a tagma server (all optional):
 * ``TAGMA_RESERVE_ADMISSION``: ``<percent>/<pieces>`` (default ``100/4``; ``0`` turns it off): under
   ``reserve``, a waiting request is admitted once ``percent``% of its expected blocks fit in its ``pieces``
   largest free parts clear of other requests' reservations (else vLLM leaves it waiting);
-* ``TAGMA_PREFIX_EVICTION``: how the prefix index evicts cached blocks (``lru``: vLLM's exact order;
-  ``contiguous``, the default: cached blocks are placeable space, evicted when a request takes them, so
-  that requests grow in place);
+* ``TAGMA_PREFIX_EVICTION``: how the prefix index evicts cached blocks (``lru``, the default: vLLM's exact
+  order; ``contiguous``, opt-in: cached blocks are placeable space, evicted when a request takes them, so
+  that requests grow in place, at a hit-rate cost);
 * ``TAGMA_RANGE_MANAGER``: ``0`` keeps the block-object manager when prefix caching is off (default: the
   range-native manager);
 * ``TAGMA_HOST_TIME_FILE``: where the server writes its in-server host (CPU) time records;
@@ -91,10 +91,10 @@ ENV_PLACEMENT: Final = "TAGMA_PLACEMENT"
 # Headroom by default: under interleaved decode best/first fit place each new request right after the
 # previous one, so no request can grow in place (measured: one range per block); headroom keeps one range.
 DEFAULT_PLACEMENT: Final = "headroom"
-ENV_PREFIX_EVICTION: Final = "TAGMA_PREFIX_EVICTION"  # lru | contiguous (default), caching on
-# Contiguity-aware eviction by default: with a pool full of cached blocks, growing requests stay in few
-# ranges (exact LRU, "lru", keeps vLLM's eviction order).
-DEFAULT_PREFIX_EVICTION: Final = "contiguous"
+ENV_PREFIX_EVICTION: Final = "TAGMA_PREFIX_EVICTION"  # lru (default) | contiguous, caching on
+# Exact LRU (vLLM's eviction order) by default: "contiguous" broke the hit-rate bound on the trace family
+# (benchmarks/host/trace_family_replay.py); it stays opt-in, and contiguity comes from placement.
+DEFAULT_PREFIX_EVICTION: Final = "lru"
 ENV_RANGE_MANAGER: Final = "TAGMA_RANGE_MANAGER"  # "0": the block-object manager even with caching off
 DEFAULT_RANGE_MANAGER: Final = "1"
 ENV_RESERVE_ADMISSION: Final = "TAGMA_RESERVE_ADMISSION"  # "<percent>/<pieces>" under TAGMA_PLACEMENT=reserve

@@ -224,7 +224,7 @@ def test_caching_on_builds_the_prefix_manager_unless_switched_off(monkeypatch: p
     manager = build_kv_cache_manager(make_config(32), **manager_kwargs())
     assert type(manager) is PrefixKVCacheManager
     assert manager.enable_caching and manager.uses_block_hashes is False
-    assert manager.prefix_eviction == "contiguous"
+    assert manager.prefix_eviction == "lru"  # exact LRU by default (contiguous is opt-in)
     monkeypatch.setenv(ENV_RANGE_MANAGER, "0")
     old = build_kv_cache_manager(make_config(32), **manager_kwargs())
     assert type(old) is TagmaKVCacheManager and getattr(old, "uses_block_hashes", True)

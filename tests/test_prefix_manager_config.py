@@ -166,7 +166,8 @@ def test_contiguous_eviction_refuses_other_placement_policies_and_lru_takes_them
     refusal = f"TAGMA_PLACEMENT={policy} with TAGMA_PREFIX_EVICTION=contiguous"
     with pytest.raises(TagmaUnsupported, match=refusal):
         build_kv_cache_manager(
-            make_config(41), placement_policy=policy, **manager_kwargs(enable_caching=True)
+            make_config(41), placement_policy=policy, prefix_eviction="contiguous",
+            **manager_kwargs(enable_caching=True),
         )
     manager = build_kv_cache_manager(
         make_config(41), placement_policy=policy, prefix_eviction="lru", **manager_kwargs(enable_caching=True)

@@ -159,6 +159,10 @@ def test_eviction_cost_needs_a_default_and_an_lru_side() -> None:
     assert cost["points_below_lru"] == pytest.approx(3.0)
     assert eviction_cost({"paged": {}, "tagma": side}) is None
     assert eviction_cost({"paged": {}, "tagma": {"hit_rate": 0.4}, "x": lru}) is None  # no modes here
+    # exact LRU the default, contiguous a variant: the variant's cost against the default
+    cost = eviction_cost({"paged": {"hit_rate": 0.43}, "tagma": lru, "tagma_contiguous": side})
+    assert cost is not None and cost["default"] == "lru" and cost["side"] == "tagma_contiguous"
+    assert cost["lru_side"] == "tagma" and cost["points_below_lru"] == pytest.approx(3.0)
 
 
 def test_requests_larger_than_the_pool_are_left_out() -> None:
@@ -209,3 +213,24 @@ def test_hit_rate_target_allows_one_point_below(paged: float, tagma: float, met:
     assert TARGETS["trace_hit_rate"].met(paged, tagma) is met
     if not met:
         assert "points below vLLM" in TARGETS["trace_hit_rate"].left(paged, tagma, "%")
+
+
+def test_section_family_mode_reports_the_worst_case_with_met(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks.host.trace_jobs import ReplayConfig as RC
+    from tagma.contract import ENV_PREFIX_EVICTION
+
+    monkeypatch.delenv(ENV_PREFIX_EVICTION, raising=False)
+    fcfg = {"enabled": True, "scale": "ci", "mixtures": 0, "members": ["agents"], "pool_factors": [0.25, 1.5],
+            "max_num_seqs": 32, "max_num_batched_tokens": 2048}  # fmt: skip
+    variants = {"tagma_contiguous": {"prefix_eviction": "contiguous"}}
+    family = trace_replay.run_family_section(fcfg, RC(pool_blocks=64), variants, lambda *a: None)
+    assert [m["name"] for m in family["members"]] == ["agents"] and len(family["points"]) == 2
+    assert set(family["worst"]) == {"tagma", "tagma_contiguous"}
+    assert family["worst"]["tagma"]["prefix_eviction"] == "lru"
+    rows = trace_report.family_rows(family)
+    assert len(rows) == 6
+    head, missed = rows[0], rows[1]
+    assert head["target"] == missed["target"] == trace_report.FAMILY_TARGET
+    assert head["met"] is True and missed["met"] is True  # exact LRU by default
+    assert head["paged"] == pytest.approx(head["tagma"])
+    assert all(r["met"] is None for r in rows[2:])  # the variant's rows report, no target

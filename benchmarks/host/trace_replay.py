@@ -6,9 +6,12 @@ the prompt. Each side is one manager built from the same ``KVCacheConfig`` (``po
 ``block_size`` tokens, one full-attention group, prefix caching on): vLLM's own ``KVCacheManager`` and
 ``TagmaKVCacheManager(...)`` (the factory: whichever manager tagma builds with caching on), in one process,
 stepped alternately (A B, B A, ...) on one simulated clock. ``tagma_variants`` adds tagma managers built with
-extra factory arguments (e.g. ``prefix_eviction: lru``, exact LRU, against the default contiguity-aware
-eviction of the prefix-index manager: ``eviction_cost_points`` is what the default gives up in hit rate); a
-variant whose arguments this tagma's factory does not take is skipped, with the reason recorded.
+extra factory arguments (e.g. ``prefix_eviction: contiguous``, the opt-in contiguity-aware eviction of the
+prefix-index manager, against its default exact LRU: ``eviction_cost_points`` is what the non-LRU side gives
+up in hit rate); a variant whose arguments this tagma's factory does not take is skipped, with the reason
+recorded. ``family`` (when enabled) replays the generated trace family of
+:mod:`benchmarks.host.trace_family_replay` at pools 0.25x-2x of each trace's working set and reports the
+worst case of every tagma side against vLLM's exact LRU under the eviction bound.
 
 Prompts: every hash id ``h`` stands for 512 deterministic token ids (the first is ``2**20 + h``, so ids that
 differ give blocks that differ; the rest are small ids derived from ``h``); a prompt is its hash ids' tokens
@@ -463,15 +466,23 @@ def _points(side: dict[str, Any], paged: dict[str, Any]) -> float | None:
 
 
 def eviction_cost(results: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """Hit rate (points) the default tagma eviction gives up against tagma with exact LRU, when both ran."""
+    """Hit rate (points) a tagma side with a non-LRU eviction (the default's, else a variant's) gives up
+    against a tagma side with exact LRU (the default's, else a variant's), when both ran."""
     tagma = results.get("tagma")
-    lru = next(
-        (name for name, r in results.items() if name != "tagma" and r.get("prefix_eviction") == "lru"), None
-    )
-    if tagma is None or lru is None or tagma.get("prefix_eviction") in (None, "lru"):
+    if tagma is None:
         return None
-    cost = _points(results[lru], tagma)
-    return {"default": tagma["prefix_eviction"], "lru_side": lru, "points_below_lru": cost}
+    tagma_sides = [n for n in results if n != "paged"]  # "tagma" first, then the variants in order
+    lru = next((n for n in tagma_sides if results[n].get("prefix_eviction") == "lru"), None)
+    other = next((n for n in tagma_sides if results[n].get("prefix_eviction") not in (None, "lru")), None)
+    if lru is None or other is None:
+        return None
+    return {
+        "default": tagma.get("prefix_eviction"),
+        "side": other,
+        "eviction": results[other]["prefix_eviction"],
+        "lru_side": lru,
+        "points_below_lru": _points(results[lru], results[other]),
+    }
 
 
 def build_managers(
@@ -575,9 +586,45 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     use_fast = fast and not unavailable and fast != hashing.DEFAULT
     hash_sides = {hashing.side_name(str(fast)): str(fast)} if use_fast else {}
     out = replay(jobs, rcfg, progress=progress, variants=variants, hash_sides=hash_sides)
-    return {
+    result = {
         "description": __doc__,
         "trace": trace.provenance.as_dict(),
         "selection": selection,
         **out,
     }
+    fcfg = tcfg.get("family") or {}
+    if fcfg.get("enabled"):
+        result["family"] = run_family_section(fcfg, rcfg, variants, log.info)
+    return result
+
+
+def run_family_section(
+    fcfg: dict[str, Any],
+    rcfg: ReplayConfig,
+    variants: dict[str, dict[str, Any]],
+    info: Callable[..., None],
+) -> dict[str, Any]:
+    """The trace family (``trace_replay.family``): its worst cases under the eviction bound."""
+    from benchmarks.host.trace_family_replay import DEFAULT_FACTORS, run_family
+
+    base = ReplayConfig(
+        pool_blocks=2,
+        block_size=rcfg.block_size,
+        max_num_seqs=int(fcfg.get("max_num_seqs") or rcfg.max_num_seqs),
+        max_num_batched_tokens=int(fcfg.get("max_num_batched_tokens") or rcfg.max_num_batched_tokens),
+        step_ms=rcfg.step_ms,
+        policy=rcfg.policy,
+    )
+    members = fcfg.get("members")
+    t0 = time.perf_counter()
+    out = run_family(
+        scale=str(fcfg.get("scale") or "ci"),
+        mixtures=int(fcfg.get("mixtures", 6)),
+        factors=[float(f) for f in (fcfg.get("pool_factors") or DEFAULT_FACTORS)],
+        base=base,
+        variants=variants,
+        members=list(members) if members else None,
+        progress=lambda line: info("trace_replay family: %s", line),
+    )
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    return out

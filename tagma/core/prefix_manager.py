@@ -15,7 +15,7 @@ vLLM's meaning is kept where the scheduler can see it:
 * ``allocate_slots``: vLLM's admission arithmetic (cache-only hits count against the free blocks, as
   vLLM's evictable hits do), then the hit is attached (one engine call that walks the index again), new
   blocks appended with their growth hint (prompt + max_tokens; the engine evicts cached blocks as its
-  eviction mode says: by default it places over cached space so the request grows in place) and the full
+  eviction mode says: exact LRU by default; under contiguous it places over cached space) and the full
   blocks up to ``min(computed + new, num_tokens)`` tokens indexed, prompt and output
   alike, as vLLM caches them;
 * ``free``: the request's blocks not used by another request become cache-only (evictable, LRU);
@@ -51,8 +51,6 @@ __all__ = ["ENV_PREFIX_EVICTION", "HitBlocks", "PrefixKVCacheManager"]
 
 logger = logging.getLogger("vllm.tagma")
 
-# Contiguity-aware eviction by default: with a pool full of cached blocks, growing requests stay in few
-# ranges (exact LRU, "lru", keeps vLLM's eviction order).
 DEFAULT_EVICTION = DEFAULT_PREFIX_EVICTION
 
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
@@ -120,7 +118,7 @@ class HitBlocks(KVCacheBlocks):
 class PrefixKVCacheManager(RangeKVCacheManager):
     """``KVCacheManager`` for prefix caching on, built through
     :func:`tagma.core.registry.build_kv_cache_manager` (same arguments;
-    ``prefix_eviction``: ``lru`` | ``contiguous``, default ``$TAGMA_PREFIX_EVICTION`` or contiguous)."""
+    ``prefix_eviction``: ``lru`` | ``contiguous``, default ``$TAGMA_PREFIX_EVICTION`` or lru)."""
 
     uses_block_hashes = False  # the engine core builds requests without vLLM's block hasher
 
