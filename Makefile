@@ -12,7 +12,8 @@ CSRC := $(wildcard tagma/csrc/*.h tagma/csrc/*.cpp tagma/csrc/*.map tagma/csrc/C
 JOBS ?= 2
 
 .PHONY: setup engine tiny-model test test-fast test-cpp sanitize fuzz lint clean bench-cpu bench-cpu-128k \
-	bench-cpu-mooncake bench-gpu bench-host bench-inserver bench-gpu-kernels plots sweep sweep-report slurm-deps
+	bench-cpu-mooncake bench-gpu bench-host bench-inserver bench-gpu-kernels plots sweep sweep-report slurm-deps \
+	regime-map findings
 
 setup: $(SETUP_STAMP) $(ENGINE_LIB)
 
@@ -129,14 +130,29 @@ sweep: setup tiny-model
 sweep-report: setup
 	$(PY) -m harness.analysis.sweep_report results/sweeps/$(SWEEP)
 
-# SLURM and munge (Debian's slurm-wlm 22.05) for tests/test_slurm_cluster.py, which starts a one-node cluster
-# of its own (tests/slurm_cluster.py; nothing system-wide is configured). As root; skipped when installed.
+# SLURM and munge (Debian's slurm-wlm 22.05) for tests/harness/test_slurm_cluster.py, which starts a one-node cluster
+# of its own (tests/harness/slurm_cluster.py; nothing system-wide is configured). As root; skipped when installed.
 SLURM_BINS := munged slurmctld slurmd sbatch srun sinfo squeue scontrol scancel
 slurm-deps:
 	@if (for b in $(SLURM_BINS); do PATH="$$PATH:/usr/sbin:/sbin" command -v $$b > /dev/null || exit 1; done); then :; \
 	elif [ "$$(id -u)" != 0 ]; then echo "slurm-deps: run as root (apt-get)"; exit 2; \
 	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		slurmctld slurmd slurm-client munge > /dev/null; fi
+
+# The regime map (harness/regime/, configs/regime/): paged vs tagma over concurrency x prompt length x prefix
+# caching, open-loop cells near the knee, the Mooncake trace, and an A/A; one Hydra job per group of cells.
+# PROFILE=smoke (CI, ~10 min here) | quick (~45 min) | full (~2 h). Re-running the same MAP_ID resumes it
+# (finished segments are skipped); a cluster: ARGS="+cluster=slurm hydra.launcher.partition=<p>".
+# Then the map is collected into findings/maps/$(MAP_ID).json, what `make findings` reads.
+PROFILE ?= quick
+MAP_ID ?= $(PROFILE)
+regime-map: setup tiny-model
+	$(PY) -m harness.regime.main --multirun regime=$(PROFILE) map_id=$(MAP_ID) $(ARGS)
+	$(PY) -m harness.regime.collect results/regime/$(MAP_ID)
+
+# FINDINGS.md and findings/figures/ from the maps findings/sources.yaml names (no server runs: seconds).
+findings: setup
+	$(PY) -m harness.regime.findings
 
 lint: setup
 	$(VENV)/bin/ruff check tagma harness tests benchmarks

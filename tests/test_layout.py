@@ -190,11 +190,11 @@ def env_names_spelled(source: str) -> list[str]:
 
 
 def test_env_names_are_spelled_only_in_the_contract() -> None:
-    contract = ROOT / "tagma" / "contract.py"
+    exempt = (ROOT / "tagma" / "contract.py", Path(__file__).resolve())  # the names; this file's own examples
     spelled = {
         str(p.relative_to(ROOT)): names
         for p in _python_files()
-        if p != contract and (names := env_names_spelled(p.read_text()))
+        if p not in exempt and (names := env_names_spelled(p.read_text()))
     }
     assert not spelled, spelled
 

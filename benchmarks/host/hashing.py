@@ -13,7 +13,8 @@ being PYTHONHASHSEED if set, else a fixed string for sha256 and fresh random byt
 non-cryptographic hash keeps its seed secret). One process of this bench hosts both algorithms, so
 :func:`none_hash` derives each one's NONE_HASH once, as its own engine core would, and :func:`use` puts the
 side's value in place (outside the timed regions) before that side hashes anything. The block hashes feed
-the manager as opaque keys either way; tests/test_host_bench_xxhash.py checks that both give the same hits.
+the manager as opaque keys either way; tests/benchmarks/test_host_bench_xxhash.py checks that both give
+the same hits.
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ Verdicts: primary metrics form one family, corrected with Holm (``holm``). A dir
 and interval shown, no verdict. A zero or non-finite statistic gives "n/a", never a ratio of 0.
 
 ``simulate_null_verdict_rate`` measures the rates on simulated data with run-level noise (or drift, for
-the paired design); tests/test_statistics.py holds the calibration and power checks. No SciPy: the Student t
-distribution is computed here from the regularized incomplete beta function.
+the paired design); tests/harness/test_statistics.py holds the calibration and power checks. No SciPy:
+the Student t distribution is computed here from the regularized incomplete beta function.
 """
 
 from __future__ import annotations

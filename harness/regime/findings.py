@@ -19,7 +19,7 @@ from harness.regime.collect import REPO, structure_problems
 from harness.regime.figures import write_figures
 from harness.regime.text import document
 
-__all__ = ["load_sources", "main", "render"]
+__all__ = ["load_sources", "main", "render", "untraced_rows"]
 
 SOURCES = REPO / "findings" / "sources.yaml"
 
@@ -33,6 +33,17 @@ def load_sources(path: Path = SOURCES) -> dict[str, Any]:
         if problems := structure_problems(m):
             raise ValueError(f"{name}: " + "; ".join(problems[:5]))
     return {**spec, "maps": maps, "map_files": list(spec.get("maps") or ())}
+
+
+def untraced_rows(document: str, maps: list[dict[str, Any]]) -> list[str]:
+    """The table rows of ``document`` that hold a number but name none of the maps' runs (``<map>/<job>``):
+    every measured number must trace to a named run."""
+    run_ids = {job["run_id"] for m in maps for job in m["jobs"]}
+    rows = [
+        line for line in document.splitlines() if line.startswith("| ") and not line.startswith("| group")
+    ]
+    rows = [r for r in rows if not r.startswith("| GPU |") and any(ch.isdigit() for ch in r)]
+    return [r for r in rows if not any(f"| {rid} |" in r for rid in run_ids)]
 
 
 def render(sources: dict[str, Any], out: Path, figures_dir: Path) -> Path:

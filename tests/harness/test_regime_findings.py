@@ -1,0 +1,150 @@
+"""The regime map's analysis and findings: the MDE rule, a collected map's structure, FINDINGS.md written
+from a recorded map (every table row names its run), and (slow) the smoke map end to end on real servers."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.analysis.statistics import Comparison
+from harness.regime.analysis import mde
+from harness.regime.collect import collect, structure_problems
+from harness.regime.findings import load_sources, render, untraced_rows
+
+REPO = Path(__file__).resolve().parents[2]
+RECORDED = Path(__file__).resolve().parent / "data" / "regime_map_smoke.json"
+
+
+def comparison(lo: float | None, hi: float | None) -> Comparison:
+    return Comparison(
+        metric="m",
+        baseline=1.0,
+        candidate=1.0,
+        ratio=1.0,
+        ci_low=lo,
+        ci_high=hi,
+        p_value=0.5,
+        p_adjusted=0.5,
+        verdict="inconclusive",
+        reason=None,
+        primary=True,
+        method="t",
+        runs_baseline=2,
+        runs_candidate=2,
+        samples=10,
+    )
+
+
+def test_mde_is_the_interval_scaled_to_80_percent_power() -> None:
+    h = math.log(1.1 / 0.9) / 2
+    assert mde(comparison(0.9, 1.1)) == pytest.approx(math.exp(h * (1 + 0.8416212 / 1.959964)) - 1, rel=1e-6)
+    assert mde(comparison(None, None)) is None
+    wider = mde(comparison(0.8, 1.25))
+    assert wider is not None and wider > mde(comparison(0.9, 1.1))  # type: ignore[operator]
+
+
+def sources_for(tmp_path: Path, record: dict) -> Path:
+    (tmp_path / "maps").mkdir()
+    (tmp_path / "maps" / "m.json").write_text(json.dumps(record))
+    spec = yaml.safe_load((REPO / "findings" / "sources.yaml").read_text())
+    spec["maps"] = ["maps/m.json"]
+    path = tmp_path / "sources.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_findings_from_a_recorded_map_name_a_run_on_every_row(tmp_path: Path) -> None:
+    record = json.loads(RECORDED.read_text())
+    assert structure_problems(record) == []
+    sources = load_sources(sources_for(tmp_path, record))
+    out = render(sources, tmp_path / "FINDINGS.md", tmp_path / "figures")
+    doc = out.read_text()
+    for section in (
+        "## The answer",
+        "## The map",
+        "## Calibration",
+        "## Where a step goes",
+        "## Attribution",
+        "## On a GPU, on paper",
+        "## Provenance",
+    ):
+        assert section in doc, section
+    assert untraced_rows(doc, sources["maps"]) == []
+    cells = [c for job in record["jobs"] for c in job["cells"]]
+    assert sum(line.startswith("| ") and "dev-smoke/" in line for line in doc.splitlines()) >= len(cells)
+    first = cells[0]["metrics"]["output_throughput"]
+    assert f"{first['ratio']:.3g}" in doc  # a number of the record, as the table prints it
+    assert sorted(p.name for p in (tmp_path / "figures").glob("*.png")) == [
+        "heat_output_throughput.png",
+        "heat_p50_ttft.png",
+        "heat_p50_tpot.png",
+        "predicted_vs_measured.png",
+        "step_composition.png",
+    ]
+
+
+def test_a_row_without_a_run_is_caught() -> None:
+    record = json.loads(RECORDED.read_text())
+    doc = "| prefix-on | closed c=1 | 0.98 [0.9, 1.1] | no run here |\n"
+    assert untraced_rows(doc, [record]) == [doc.strip()]
+
+
+def test_structure_problems_name_what_is_missing() -> None:
+    record = json.loads(RECORDED.read_text())
+    cell = record["jobs"][0]["cells"][0]
+    del cell["composition"]
+    cell["metrics"]["p50_ttft_ms"]["mde"] = None
+    problems = structure_problems(record)
+    assert any("no composition" in p for p in problems)
+    assert any("inconclusive without a minimum detectable effect" in p for p in problems)
+
+
+@pytest.mark.slow
+def test_the_smoke_map_runs_end_to_end_on_real_servers(tmp_path: Path, tok_dir: Path) -> None:
+    """make regime-map PROFILE=smoke in small: its group's lifetimes (2 per arm), the group summary, the
+    collected record, FINDINGS.md from it; then a re-run resumes (no server starts, nothing rewritten)."""
+    del tok_dir  # the tiny model exists (conftest builds it)
+    map_dir = tmp_path / "map"
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness.regime.main",
+        "--multirun",
+        "regime=smoke",
+        "map_id=ci-smoke",
+        f"map_dir={map_dir}",
+    ]
+    subprocess.run(cmd, cwd=REPO, check=True, timeout=1800)
+    record = collect(map_dir)
+    assert structure_problems(record) == []
+    (job,) = record["jobs"]
+    assert job["job"] == "prefix-on" and len(job["cells"]) == 4
+    for cell in job["cells"]:
+        assert cell["runs"] == {
+            "baseline": ["00-baseline-paged", "03-baseline-paged"],
+            "candidate": ["01-candidate-tagma", "02-candidate-tagma"],
+        }
+        assert set(cell["metrics"]) == {
+            "output_throughput",
+            "p50_ttft_ms",
+            "p99_ttft_ms",
+            "p50_tpot_ms",
+            "p99_tpot_ms",
+        }
+        assert all(cell["composition"][a]["steps"] > 0 for a in ("baseline", "candidate"))
+    rates = json.loads((map_dir / "prefix-on" / "rates.json").read_text())
+    assert rates["open0.8-p1024"]["rate"] > 0
+    sources = load_sources(sources_for(tmp_path, record))
+    doc = render(sources, tmp_path / "FINDINGS.md", tmp_path / "figures").read_text()
+    assert untraced_rows(doc, sources["maps"]) == []
+    before = sorted((map_dir / "prefix-on" / "lifetimes").rglob("a*"))
+    subprocess.run(cmd, cwd=REPO, check=True, timeout=600)  # resume: every segment is done
+    assert sorted((map_dir / "prefix-on" / "lifetimes").rglob("a*")) == before
+    shutil.rmtree(map_dir, ignore_errors=True)

@@ -1,0 +1,73 @@
+"""`+cluster=slurm` against a real SLURM: a one-node cluster on this machine (tests/harness/slurm_cluster.py
+starts and stops munged, slurmctld and slurmd), a small multirun through hydra-submitit-launcher's
+SlurmLauncher, and the same multirun through `+cluster=local`: the results have the same structure (files,
+JSON keys). Needs root and Debian's slurm-wlm (`make slurm-deps`). Without them it skips, except in CI
+(CI=true), where it fails: CI installs them (.ci/run)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.multirun import run_multirun, slurm_overrides, submitit_job_ids, tree_structure
+from tests.harness.slurm_cluster import LocalSlurm, local_slurm_cluster, unavailable_reason
+
+# Two cells of the host bench's smoke size; one quick section (the imports take most of a job's ~30 s).
+HOST_SMOKE = [
+    "size=smoke", "point_latest=false", "native.enabled=false", "sections=[prefix_index]", "seed=0,1",
+    "run_id=job${hydra:job.num}",
+]  # fmt: skip
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[LocalSlurm]:
+    reason = unavailable_reason()
+    if reason:
+        if in_ci():
+            pytest.fail(f"CI runs the SLURM test: {reason}")
+        pytest.skip(reason)
+    with local_slurm_cluster() as cluster:
+        yield cluster
+
+
+def assert_ran_on_slurm(cluster: LocalSlurm, sweep_dir: Path, jobs: int) -> None:
+    """The sweep's jobs are SLURM jobs of this cluster that completed in its partition."""
+    job_ids = submitit_job_ids(sweep_dir)
+    assert len(job_ids) == jobs and all(re.fullmatch(r"\d+_\d+", j) for j in job_ids), job_ids
+    ctld_log = cluster.ctld_log.read_text()
+    for job_id in job_ids:
+        info = cluster.run("scontrol", "show", "job", job_id)
+        assert "JobState=COMPLETED" in info and f"Partition={cluster.partition}" in info, info
+        array_id, task = job_id.split("_")
+        done = re.search(rf"JobId={array_id}_{task}\(\d+\) done", ctld_log)
+        assert done, f"{job_id} not in slurmctld's log"
+
+
+@pytest.mark.slow
+def test_host_smoke_multirun_through_slurm_matches_local(slurm: LocalSlurm, tmp_path: Path) -> None:
+    for cluster in ("slurm", "local"):
+        launcher = slurm_overrides(slurm.partition) if cluster == "slurm" else []
+        try:
+            run_multirun(
+                "benchmarks.host.main", [*HOST_SMOKE, f"results_dir={tmp_path / cluster / 'host'}"],
+                cluster=cluster, sweep_dir=tmp_path / cluster / "sweep", launcher_overrides=launcher,
+                env=slurm.env if cluster == "slurm" else None, timeout_s=300,
+            )  # fmt: skip
+        except AssertionError as exc:  # the daemons' logs go with the cluster's folder
+            raise AssertionError(f"{exc}\n{slurm.logs() if cluster == 'slurm' else ''}") from None
+    assert_ran_on_slurm(slurm, tmp_path / "slurm" / "sweep", jobs=2)
+
+    on_slurm, local = (tree_structure(tmp_path / c / "host") for c in ("slurm", "local"))
+    assert {"job0/host_bench.json", "job1/host_bench.json"} <= set(local)
+    assert on_slurm == local
+    # Hydra's sweep folders: multirun.yaml and each job's log, the same either way.
+    sweeps = [tree_structure(tmp_path / c / "sweep").keys() for c in ("slurm", "local")]
+    assert sweeps[0] == sweeps[1] and {"multirun.yaml", "0/main.log", "1/main.log"} <= sweeps[0]

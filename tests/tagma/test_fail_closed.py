@@ -1,0 +1,257 @@
+"""Fail closed: with tagma selected, every unsupported feature is refused with one line naming it.
+
+Each item builds a real VllmConfig through ``EngineArgs.create_engine_config`` (the hook the server runs
+before any engine core or model exists) with the feature set. Where vLLM-for-CPU itself rejects a feature
+before tagma could (prefill context parallelism and diffusion models need Model Runner V2, elastic EP
+needs EPLB on a GPU) or the model kind cannot be described without weights (encoder-decoder), the feature
+is set on an otherwise real config and ``fail_closed.check`` runs on it: a config-level test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from tagma import fail_closed  # noqa: E402
+from tagma.selector import TagmaConfigError  # noqa: E402
+from tests.tagma.tiny_configs import (  # noqa: E402
+    HYBRID_MODEL,
+    MAMBA_MODEL,
+    MLA_MODEL,
+    REPO,
+    SLIDING_WINDOW_MODEL,
+    TAGMA,
+    craft_model,
+    engine_config,
+)
+
+HINT = ". Use --kv-cache-backend paged for this configuration."
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+def refusal(model: Path | str | None = None, **engine_kwargs: Any) -> str:
+    """The one-line error of building a tagma config with ``engine_kwargs``."""
+    kwargs: dict[str, Any] = {"additional_config": dict(TAGMA), **engine_kwargs}
+    with pytest.raises(TagmaConfigError) as info:
+        engine_config(model, **kwargs) if model is not None else engine_config(**kwargs)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def expect(feature: str) -> str:
+    return f"tagma: unsupported: {feature}{HINT}"
+
+
+def check_message(vllm_config: Any) -> str:
+    with pytest.raises(TagmaConfigError) as info:
+        fail_closed.check(vllm_config)
+    return str(info.value)
+
+
+@pytest.fixture
+def tagma_config() -> Any:
+    """A supported tagma config (fresh each time: tests change it)."""
+    config = engine_config(additional_config=dict(TAGMA))
+    assert fail_closed.unsupported_features(config) == []
+    return config
+
+
+# ---------------------------------------------------------------- model kinds
+
+
+def test_mla(models: Path) -> None:
+    model = craft_model(models, "mla", **MLA_MODEL)
+    assert refusal(model) == expect("MLA attention (multi-head latent attention models)")
+
+
+def test_mamba_attention_free(models: Path) -> None:
+    model = craft_model(models, "mamba", drop=("num_attention_heads",), **MAMBA_MODEL)
+    assert refusal(model) == expect("attention-free models (Mamba-style state, no KV cache)")
+
+
+def test_hybrid_mamba_attention(models: Path) -> None:
+    model = craft_model(models, "jamba", **HYBRID_MODEL)
+    assert refusal(model) == expect("Mamba/hybrid models (mixed attention and state layers)")
+
+
+def test_sliding_window(models: Path) -> None:
+    model = craft_model(models, "mistral-swa", **SLIDING_WINDOW_MODEL)
+    assert refusal(model) == expect("sliding-window attention (sliding_window=64)")
+
+
+def test_sliding_window_disabled_by_the_user_is_full_attention(models: Path) -> None:
+    model = craft_model(models, "mistral-swa", **SLIDING_WINDOW_MODEL)
+    config = engine_config(model, additional_config=dict(TAGMA), disable_sliding_window=True)
+    assert config.scheduler_config.scheduler_cls == "tagma.core.scheduler.TagmaScheduler"
+
+
+def test_chunked_local_attention(models: Path) -> None:
+    model = craft_model(models, "chunked-local", attention_chunk_size=256)
+    assert refusal(model) == expect("chunked local attention (attention_chunk_size=256)")
+
+
+def test_layer_types_other_than_full_attention(models: Path) -> None:
+    model = craft_model(
+        models, "linear-layers", layer_types=["full_attention", "linear_attention"], num_hidden_layers=2
+    )
+    assert refusal(model) == expect(
+        "layer types other than full attention (layer_types has linear_attention: >1 KV cache group)"
+    )
+
+
+def test_layer_types_all_full_attention_are_served(models: Path) -> None:
+    model = craft_model(models, "full-layers", layer_types=["full_attention", "full_attention"])
+    config = engine_config(model, additional_config=dict(TAGMA))
+    assert config.scheduler_config.scheduler_cls == "tagma.core.scheduler.TagmaScheduler"
+
+
+@pytest.mark.parametrize("name", ["num_key_value_heads", "head_dim"])
+def test_per_layer_kv_shapes(tagma_config: Any, name: str) -> None:
+    # Llama's config class validates its fields; models with per-layer shapes declare them as lists.
+    tagma_config.model_config.hf_text_config.__dict__[name] = [4, 2]
+    assert check_message(tagma_config) == expect(
+        f"per-layer KV shapes ({name} differs between layers: >1 KV cache group)"
+    )
+
+
+def test_encoder_decoder(tagma_config: Any) -> None:
+    tagma_config.model_config.__dict__["is_encoder_decoder"] = True  # a cached_property of ModelConfig
+    assert check_message(tagma_config) == expect("encoder-decoder models (cross-attention)")
+
+
+def test_pooling_model() -> None:
+    assert refusal(runner="pooling") == expect("pooling models (runner=pooling)")
+
+
+def test_diffusion_model(tagma_config: Any) -> None:
+    tagma_config.model_config.__dict__["is_diffusion"] = True
+    assert check_message(tagma_config) == expect("diffusion language models (they bring their own scheduler)")
+
+
+# ---------------------------------------------------------------- engine features
+
+
+def test_speculative_decoding() -> None:
+    spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
+    assert refusal(speculative_config=spec) == expect("speculative decoding (--speculative-config)")
+
+
+def test_kv_connector() -> None:
+    connector = {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}
+    assert refusal(kv_transfer_config=connector) == expect(
+        "KV connectors (--kv-transfer-config, kv_connector=ExampleConnector)"
+    )
+
+
+def test_kv_offloading() -> None:
+    assert refusal(kv_offloading_size=1.0) == expect("KV cache offloading (--kv-offloading-size)")
+
+
+def test_decode_context_parallel(models: Path) -> None:
+    model = craft_model(models, "mqa", num_key_value_heads=1)  # DCP needs TP > number of KV heads
+    assert refusal(model, tensor_parallel_size=2, decode_context_parallel_size=2) == expect(
+        "decode context parallelism (--decode-context-parallel-size 2)"
+    )
+
+
+def test_prefill_context_parallel(tagma_config: Any) -> None:
+    tagma_config.parallel_config.prefill_context_parallel_size = 2
+    feature = "prefill context parallelism (--prefill-context-parallel-size 2)"
+    assert check_message(tagma_config) == expect(feature)
+
+
+def test_pipeline_parallel() -> None:
+    feature = "pipeline parallelism (--pipeline-parallel-size 2; untested)"
+    assert refusal(pipeline_parallel_size=2) == expect(feature)
+
+
+def test_elastic_expert_parallel(tagma_config: Any) -> None:
+    tagma_config.parallel_config.enable_elastic_ep = True
+    assert check_message(tagma_config) == expect("elastic expert parallelism (--enable-elastic-ep)")
+
+
+def test_custom_scheduler_class() -> None:
+    name = "vllm.v1.core.sched.scheduler.Scheduler"
+    assert refusal(scheduler_cls=name) == expect(
+        f"a custom scheduler class (--scheduler-cls {name}); tagma installs its own"
+    )
+
+
+def test_hisparse(tagma_config: Any) -> None:
+    object.__setattr__(tagma_config.attention_config, "hisparse_config", object())
+    assert check_message(tagma_config) == expect("HiSparse attention (host-resident KV cache groups)")
+
+
+def test_prefix_cache_hits_inside_a_block() -> None:
+    assert refusal(prefix_match_unit=16) == expect(
+        "prefix-cache hits inside a block (prefix_match_unit=16 != block_size=128)"
+    )
+
+
+def test_per_layer_kv_cache_dtypes() -> None:
+    assert refusal(kv_cache_dtype="fp8", kv_cache_dtype_skip_layers=["0"]) == expect(
+        "per-layer KV cache dtypes (kv_cache_dtype_skip_layers=['0'])"
+    )
+
+
+def test_more_than_one_kv_cache_group_is_refused_by_the_scheduler() -> None:
+    """Only the model reveals its KV cache groups: the engine core's scheduler refuses them (backstop)."""
+    from tests.tagma.test_plugin import build_scheduler, kv_cache_config
+
+    config = engine_config(additional_config=dict(TAGMA))
+    with pytest.raises(ValueError, match=r"^tagma: unsupported: 2 KV cache groups"):
+        build_scheduler(config, kv_cache_config(num_groups=2))
+
+
+def test_kv_cache_dtype_alone_is_supported() -> None:
+    """The KV dtype does not change slot arithmetic: fp8 alone is accepted (no per-layer mix)."""
+    config = engine_config(additional_config=dict(TAGMA), kv_cache_dtype="fp8")
+    assert fail_closed.unsupported_features(config) == []
+
+
+def test_every_feature_is_named_on_one_line() -> None:
+    spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
+    message = refusal(speculative_config=spec, pipeline_parallel_size=2)
+    assert message == (
+        "tagma: unsupported: speculative decoding (--speculative-config); "
+        f"pipeline parallelism (--pipeline-parallel-size 2; untested){HINT}"
+    )
+
+
+def test_paged_accepts_what_tagma_refuses() -> None:
+    config = engine_config(pipeline_parallel_size=2)
+    assert config.scheduler_config.scheduler_cls is None
+
+
+# ---------------------------------------------------------------- a real server refuses before loading
+
+
+@pytest.mark.slow
+def test_server_exits_with_the_one_line_error_before_loading_the_model(models: Path) -> None:
+    model = craft_model(models, "mistral-swa-server", **SLIDING_WINDOW_MODEL)  # no weights at all
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    command = [sys.executable, "-m", "tagma.serve", str(model), "--kv-cache-backend", "tagma",
+               "--dtype", "float32", "--host", "127.0.0.1", "--port", "8931"]
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+                            start_new_session=True)
+    elapsed = time.monotonic() - started
+    stderr_lines = [line for line in result.stderr.splitlines() if line.strip() and "nanobind" not in line]
+    assert result.returncode != 0
+    assert stderr_lines[-1] == expect("sliding-window attention (sliding_window=64)")
+    assert "Traceback" not in result.stderr
+    assert "EngineCore" not in result.stderr + result.stdout  # no engine core process was started
+    assert elapsed < 120, f"refusal took {elapsed:.0f} s"
