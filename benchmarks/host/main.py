@@ -79,7 +79,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         prefix_ops,
         profiles,
         report,
-        trace_replay,
+        trace_family_replay,
         write_path,
     )
     from benchmarks.host.timing import load_average
@@ -136,7 +136,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "prefix_index": lambda: prefix_index.run(cfg),
         "profile": lambda: profiles.run(cfg),
         "inserver": lambda: inserver.run(cfg),  # read from a serve run (make bench-inserver), not timed
-        "trace_replay": lambda: trace_replay.run(cfg),
+        "trace_replay": lambda: trace_family_replay.section(cfg),
     }
     for name in wanted:
         log.info("section %s ...", name)

@@ -14,11 +14,13 @@ case over the family (the largest share of the allowed loss used) and whether ev
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from benchmarks.host import trace_family
+from benchmarks.host import trace_family, trace_replay
 from benchmarks.host.trace_jobs import ReplayConfig, jobs_from_records
 from benchmarks.host.trace_replay import replay
 
@@ -199,3 +201,44 @@ def run_family(
             for n in points[0]["same_hits_per_request_vs_paged"]
         },
     }
+
+
+def run_family_section(
+    fcfg: dict[str, Any],
+    rcfg: ReplayConfig,
+    variants: dict[str, dict[str, Any]],
+    info: Callable[..., None],
+) -> dict[str, Any]:
+    """The trace family (``trace_replay.family``): its worst cases under the eviction bound."""
+    base = ReplayConfig(
+        pool_blocks=2,
+        block_size=rcfg.block_size,
+        max_num_seqs=int(fcfg.get("max_num_seqs") or rcfg.max_num_seqs),
+        max_num_batched_tokens=int(fcfg.get("max_num_batched_tokens") or rcfg.max_num_batched_tokens),
+        step_ms=rcfg.step_ms,
+        policy=rcfg.policy,
+    )
+    members = fcfg.get("members")
+    t0 = time.perf_counter()
+    out = run_family(
+        scale=str(fcfg.get("scale") or "ci"),
+        mixtures=int(fcfg.get("mixtures", 6)),
+        factors=[float(f) for f in (fcfg.get("pool_factors") or DEFAULT_FACTORS)],
+        base=base,
+        variants=variants,
+        members=list(members) if members else None,
+        progress=lambda line: info("trace_replay family: %s", line),
+    )
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    return out
+
+
+def section(cfg: dict[str, Any]) -> dict[str, Any]:
+    """bench-host's trace_replay section: the trace through every side (:func:`trace_replay.run`), plus the
+    trace family's worst cases when ``trace_replay.family.enabled``."""
+    result = trace_replay.run(cfg)
+    fcfg = cfg["trace_replay"].get("family") or {}
+    if fcfg.get("enabled"):
+        rcfg, variants = trace_replay.replay_settings(cfg)
+        result["family"] = run_family_section(fcfg, rcfg, variants, logging.getLogger("benchmarks.host").info)
+    return result

@@ -548,15 +548,10 @@ def select_records(trace: trace_file.Trace, tcfg: dict[str, Any]) -> tuple[list[
     }
 
 
-def run(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The section: load the configured trace (the shipped one by default), window it, replay it."""
-    import logging
-
-    log = logging.getLogger("benchmarks.host")
+def replay_settings(cfg: dict[str, Any]) -> tuple[ReplayConfig, dict[str, dict[str, Any]]]:
+    """The section's replay config and its tagma variants (name -> extra factory arguments)."""
     tcfg = cfg["trace_replay"]
     hash_block = int(tcfg.get("hash_block_tokens") or trace_file.DEFAULT_HASH_BLOCK_TOKENS)
-    trace = trace_file.load(cfg.get("trace") or None, hash_block_tokens=hash_block)
-    records, selection = select_records(trace, tcfg)
     rcfg = ReplayConfig(
         pool_blocks=int(tcfg["pool_blocks"]),
         block_size=int(cfg["block_size"]),
@@ -568,6 +563,20 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         max_output_tokens=tcfg.get("max_output_tokens"),
         policy=str(tcfg.get("policy") or cfg["manager"]["policy"]),
     )
+    variants = {str(k): dict(v) for k, v in (tcfg.get("tagma_variants") or {}).items()}
+    return rcfg, variants
+
+
+def run(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The section: load the configured trace (the shipped one by default), window it, replay it."""
+    import logging
+
+    log = logging.getLogger("benchmarks.host")
+    tcfg = cfg["trace_replay"]
+    hash_block = int(tcfg.get("hash_block_tokens") or trace_file.DEFAULT_HASH_BLOCK_TOKENS)
+    trace = trace_file.load(cfg.get("trace") or None, hash_block_tokens=hash_block)
+    records, selection = select_records(trace, tcfg)
+    rcfg, variants = replay_settings(cfg)
     jobs, too_large = jobs_from_records(records, rcfg)
     selection["too_large_for_pool"] = too_large
     log.info(
@@ -578,7 +587,6 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         if steps % (cfg["trace_replay"].get("log_every_steps") or 4096) == 0:
             log.info("trace_replay: step %d, simulated %.0f s", steps, now / 1000.0)
 
-    variants = {str(k): dict(v) for k, v in (tcfg.get("tagma_variants") or {}).items()}
     fast = cfg.get("vllm_fast_hash")
     unavailable = hashing.available(str(fast)) if fast else None
     if unavailable:
@@ -592,39 +600,4 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "selection": selection,
         **out,
     }
-    fcfg = tcfg.get("family") or {}
-    if fcfg.get("enabled"):
-        result["family"] = run_family_section(fcfg, rcfg, variants, log.info)
     return result
-
-
-def run_family_section(
-    fcfg: dict[str, Any],
-    rcfg: ReplayConfig,
-    variants: dict[str, dict[str, Any]],
-    info: Callable[..., None],
-) -> dict[str, Any]:
-    """The trace family (``trace_replay.family``): its worst cases under the eviction bound."""
-    from benchmarks.host.trace_family_replay import DEFAULT_FACTORS, run_family
-
-    base = ReplayConfig(
-        pool_blocks=2,
-        block_size=rcfg.block_size,
-        max_num_seqs=int(fcfg.get("max_num_seqs") or rcfg.max_num_seqs),
-        max_num_batched_tokens=int(fcfg.get("max_num_batched_tokens") or rcfg.max_num_batched_tokens),
-        step_ms=rcfg.step_ms,
-        policy=rcfg.policy,
-    )
-    members = fcfg.get("members")
-    t0 = time.perf_counter()
-    out = run_family(
-        scale=str(fcfg.get("scale") or "ci"),
-        mixtures=int(fcfg.get("mixtures", 6)),
-        factors=[float(f) for f in (fcfg.get("pool_factors") or DEFAULT_FACTORS)],
-        base=base,
-        variants=variants,
-        members=list(members) if members else None,
-        progress=lambda line: info("trace_replay family: %s", line),
-    )
-    out["seconds"] = round(time.perf_counter() - t0, 2)
-    return out

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from benchmarks.host import trace_replay  # noqa: E402
+from benchmarks.host import trace_family_replay, trace_replay  # noqa: E402
 from benchmarks.host.report import trace_replay as trace_report  # noqa: E402
 from benchmarks.host.report.table import TARGETS  # noqa: E402
 from benchmarks.host.trace_jobs import (  # noqa: E402
@@ -223,7 +223,7 @@ def test_section_family_mode_reports_the_worst_case_with_met(monkeypatch: pytest
     fcfg = {"enabled": True, "scale": "ci", "mixtures": 0, "members": ["agents"], "pool_factors": [0.25, 1.5],
             "max_num_seqs": 32, "max_num_batched_tokens": 2048}  # fmt: skip
     variants = {"tagma_contiguous": {"prefix_eviction": "contiguous"}}
-    family = trace_replay.run_family_section(fcfg, RC(pool_blocks=64), variants, lambda *a: None)
+    family = trace_family_replay.run_family_section(fcfg, RC(pool_blocks=64), variants, lambda *a: None)
     assert [m["name"] for m in family["members"]] == ["agents"] and len(family["points"]) == 2
     assert set(family["worst"]) == {"tagma", "tagma_contiguous"}
     assert family["worst"]["tagma"]["prefix_eviction"] == "lru"

@@ -83,8 +83,8 @@ def test_findings_from_a_recorded_map_name_a_run_on_every_row(tmp_path: Path) ->
     assert f"{first['ratio']:.3g}" in doc  # a number of the record, as the table prints it
     assert sorted(p.name for p in (tmp_path / "figures").glob("*.png")) == [
         "heat_output_throughput.png",
-        "heat_p50_ttft.png",
         "heat_p50_tpot.png",
+        "heat_p50_ttft.png",
         "predicted_vs_measured.png",
         "step_composition.png",
     ]
