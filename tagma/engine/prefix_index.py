@@ -296,10 +296,8 @@ class PrefixIndex:
             raise _bounds_error(start, end, len(token_ids))
         if type(token_ids) is np.ndarray:  # any integer dtype; values outside int32 are refused, not wrapped
             if token_ids.ndim != 1 or token_ids.dtype.kind not in "iub":
-                raise TokenIdsError(
-                    TAGMA_E_INVALID_ARG, f"a token array must be 1-D integers, got {token_ids.dtype} "
-                    f"of shape {token_ids.shape}",
-                )
+                what = f"{token_ids.dtype} {token_ids.shape}"
+                raise TokenIdsError(TAGMA_E_INVALID_ARG, f"a token array must be 1-D integers, got {what}")
             return np.array(_as_int_array(token_ids[start:end], np.int32, "token_ids", TokenRangeError))
         view = _token_view(token_ids)
         if view is not None:

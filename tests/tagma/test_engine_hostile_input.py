@@ -181,9 +181,16 @@ def test_eviction_mode_outside_int32_does_not_wrap(index: PrefixIndex) -> None:
 @pytest.mark.parametrize(
     "call",
     [
-        "release", "append", "append_runs", "attach", "num_blocks_of", "num_ranges", "ranges", "block",
+        "release",
+        "append",
+        "append_runs",
+        "attach",
+        "num_blocks_of",
+        "num_ranges",
+        "ranges",
+        "block",
         "blocks",
-    ],  # fmt: skip
+    ],
 )
 def test_request_ids_outside_uint64_do_not_wrap(eng: RangeEngine, call: str) -> None:
     """``release(r + 2**64)`` released request r."""
@@ -279,4 +286,3 @@ def test_slot_mapping_step_counts_outside_int64_do_not_wrap() -> None:
     assert out.tolist() == [7] * 4
     step(1, qsl.ctypes.data, positions.ctypes.data, 2)
     assert out.tolist() == [4, 5, -1, -1]
-
