@@ -4,7 +4,10 @@
   and :class:`TagmaUnsupported` (also a ``NotImplementedError``);
 * the engine library missing or unloadable: :class:`EngineNotBuiltError` (an ``ImportError``);
 * a non-OK status from the C engine: :class:`TagmaError` and one subclass per status (the status codes
-  mirror ``tagma/csrc/tagma.h``).
+  mirror ``tagma/csrc/tagma.h``);
+* an argument the binding refuses before it reaches the ABI (it would wrap in ctypes, or make the engine read
+  past a buffer): the status's class, or one of :class:`InvalidMemberError`, :class:`TokenIdsError` and
+  :class:`TokenRangeError`, which also keep the builtin base Python code expects there.
 
 Each class keeps its builtin base, so ``except ValueError`` / ``NotImplementedError`` / ``ImportError``
 clauses keep catching what they caught. This module imports only the standard library.
@@ -22,6 +25,7 @@ __all__ = [
     "InternalError",
     "InvalidArgumentError",
     "InvalidHandleError",
+    "InvalidMemberError",
     "MisalignedError",
     "NoSpaceError",
     "OutOfRangeError",
@@ -31,6 +35,8 @@ __all__ = [
     "TagmaError",
     "TagmaOverflowError",
     "TagmaUnsupported",
+    "TokenIdsError",
+    "TokenRangeError",
     "error_for_status",
 ]
 
@@ -118,6 +124,24 @@ class BlockStateError(TagmaError):
 
 class InternalError(TagmaError):
     """TAGMA_E_INTERNAL: allocation failure or broken invariant inside the engine."""
+
+
+# ------------------------------------------------------------------- arguments refused by the binding
+
+
+class InvalidMemberError(InvalidArgumentError, ValueError):
+    """An enum argument (placement policy, eviction mode) that names no member: an unknown name, or a value
+    that is not one of the members (one outside the C type's range included). Also a ``ValueError``."""
+
+
+class TokenIdsError(InvalidArgumentError, TypeError):
+    """Token ids the engine cannot read: not a list, tuple, ``ConstantList`` or sequence of ints, or a buffer
+    that is not 1-D, C-contiguous native int32 (``bytes``, an int64 array, a strided memoryview). Also a
+    ``TypeError``; both token paths (the C list reader and the fallback) raise it with the same message."""
+
+
+class TokenRangeError(OutOfRangeError, OverflowError):
+    """A token id outside int32. Also an ``OverflowError``."""
 
 
 ERROR_CLASSES: Final[dict[int, type[TagmaError]]] = {

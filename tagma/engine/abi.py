@@ -18,8 +18,11 @@ if TYPE_CHECKING:
     pass
 
 from tagma.errors import (
+    TAGMA_E_INVALID_ARG,
     TAGMA_E_OUT_OF_RANGE,
     TAGMA_E_OVERFLOW,
+    InvalidArgumentError,
+    InvalidMemberError,
     OutOfRangeError,
     TagmaOverflowError,
 )
@@ -44,6 +47,7 @@ _I32_MIN: Final = -(2**31)
 _I32_MAX: Final = 2**31 - 1
 _I64_MIN: Final = -(2**63)
 _I64_MAX: Final = 2**63 - 1
+_U64_END: Final = 2**64
 
 
 # ------------------------------------------------------------------------------------- values at the ABI
@@ -53,15 +57,19 @@ _E = TypeVar("_E", bound=enum.IntEnum)
 
 
 def parse_member(cls: type[_E], value: str | int, what: str) -> _E:
-    """An engine enum member by name (any case, ``-`` or ``_``) or by value; a clear error naming ``what``."""
-    if isinstance(value, str):
-        key = value.strip().upper().replace("-", "_")
-        try:
-            return cls[key]
-        except KeyError:
-            names = ", ".join(m.name.lower() for m in cls)
-            raise ValueError(f"unknown {what} {value!r}; expected one of: {names}") from None
-    return cls(value)
+    """An engine enum member by name (any case, ``-`` or ``_``) or by value; anything else (a value outside
+    the members, one outside the C type's range included: ctypes would wrap it) raises
+    :class:`~tagma.errors.InvalidMemberError` (an ``InvalidArgumentError`` and a ``ValueError``) naming
+    ``what``, the value and the members."""
+    try:
+        if isinstance(value, str):
+            return cls[value.strip().upper().replace("-", "_")]
+        return cls(value)
+    except (KeyError, ValueError):
+        names = ", ".join(f"{m.name.lower()} ({m.value})" for m in cls)
+        raise InvalidMemberError(
+            TAGMA_E_INVALID_ARG, f"unknown {what} {value!r}; expected one of: {names}"
+        ) from None
 
 
 class Policy(enum.IntEnum):
@@ -205,9 +213,13 @@ _BOUNDS: Final[dict[type, tuple[int, int]]] = {np.int32: (_I32_MIN, _I32_MAX), n
 
 
 def _as_int_array(
-    values: IntArrayLike, dtype: type[np.int32] | type[np.int64], what: str
+    values: IntArrayLike,
+    dtype: type[np.int32] | type[np.int64],
+    what: str,
+    range_error: type[OutOfRangeError] = OutOfRangeError,
 ) -> npt.NDArray[Any]:
-    """A C-contiguous ``dtype`` array of the same values; refuses non-integers and values that would wrap."""
+    """A C-contiguous ``dtype`` array of the same values; refuses non-integers and values that would wrap
+    (``range_error``, naming ``what`` and the value; one vectorised min/max, no loop in Python)."""
     if type(values) is np.ndarray and values.dtype == dtype and values.flags.c_contiguous:
         return values
     arr = np.asarray(values)
@@ -217,9 +229,11 @@ def _as_int_array(
                 raise TypeError(f"{what} must be integers, got dtype {arr.dtype}")
             if not np.can_cast(arr.dtype, dtype):
                 lo, hi = _BOUNDS[dtype]
-                if int(arr.min()) < lo or int(arr.max()) > hi:
-                    raise OutOfRangeError(
-                        TAGMA_E_OUT_OF_RANGE, f"{what} has a value outside {dtype.__name__}"
+                low, high = int(arr.min()), int(arr.max())
+                if low < lo or high > hi:
+                    raise range_error(
+                        TAGMA_E_OUT_OF_RANGE,
+                        f"{what} has a value outside {dtype.__name__}: {low if low < lo else high}",
                     )
         arr = arr.astype(dtype)
     return np.ascontiguousarray(arr)
@@ -233,10 +247,30 @@ def _as_i64(values: IntArrayLike, what: str) -> I64Array:
     return _as_int_array(values, np.int64, what)
 
 
+# ctypes wraps an int outside its C type silently (``c_uint64(2**64 + r)`` is r). Every integer a caller
+# gives goes through one of these before it reaches the ABI. Hot paths inline the comparison and call the
+# checker only to raise: ``if not 0 <= request < _U64_END: _check_u64(request, "request")``.
+
+
 def _check_i64(value: int, what: str) -> int:
-    """ctypes silently wraps integers outside int64; refuse them instead."""
+    """A count, index, hint or position: int64, else :class:`TagmaOverflowError`."""
     if not _I64_MIN <= value <= _I64_MAX:
         raise TagmaOverflowError(TAGMA_E_OVERFLOW, f"{what} = {value} does not fit int64")
+    return value
+
+
+def _check_u64(value: int, what: str) -> int:
+    """An id (request, namespace): uint64, else :class:`OutOfRangeError` (no such id can exist)."""
+    if not 0 <= value < _U64_END:
+        raise OutOfRangeError(TAGMA_E_OUT_OF_RANGE, f"{what} = {value} is outside uint64 [0, 2**64)")
+    return value
+
+
+def _check_i32(value: int, what: str) -> int:
+    """An int32 setting (admission percent and pieces): else :class:`InvalidArgumentError`, as the engine
+    answers for a value of the type outside its range."""
+    if not _I32_MIN <= value <= _I32_MAX:
+        raise InvalidArgumentError(TAGMA_E_INVALID_ARG, f"{what} = {value} does not fit int32")
     return value
 
 

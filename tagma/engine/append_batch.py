@@ -15,6 +15,7 @@ from tagma.engine.abi import (
     _VP,
     _CAppendBatch,
 )
+from tagma.errors import TAGMA_E_OUT_OF_RANGE, OutOfRangeError
 
 __all__ = [
     "AppendBatch",
@@ -28,15 +29,18 @@ class AppendBatch:
 
     The caller writes entry i into ``requests[i]`` (0: create a request; its id is written back) and
     ``counts[i]`` (ctypes arrays of :attr:`capacity` entries; :meth:`reserve` grows them), then calls
-    ``batch(n)``: one prebound call with one prefilled-struct argument and no Python-side checking (the
-    engine validates everything and changes nothing on error, raised as a :class:`TagmaError`). Entry i's
+    ``batch(n)``: one prebound call with one prefilled-struct argument; the only Python-side check is that
+    ``n`` is within the bound arrays (the engine cannot see their size); the engine validates the entries
+    and changes nothing on error, raised as a :class:`TagmaError`. The arrays are ctypes arrays, which wrap
+    an int outside their type when it is written: the caller writes ids the engine gave and counts it
+    computed (block counts, far inside int64). Entry i's
     runs are then the int32 pairs ``runs[2 * offsets[i] : 2 * offsets[i + 1]]``. ``runs`` holds a pair per
     block of the engine, so any batch that fits in the free blocks fits in it. With ``hints=True`` entry i
     also carries the growth hint ``hints[i]`` (RESERVE placement); otherwise none.
     """
 
     __slots__ = (
-        "_arg", "_args", "_engine", "_fn", "_hinted", "_lib",
+        "_arg", "_args", "_capacity", "_engine", "_fn", "_hinted", "_lib",
         "counts", "hints", "offsets", "requests", "runs",
     )  # fmt: skip
 
@@ -67,6 +71,7 @@ class AppendBatch:
                 hints[:n] = self.hints[:]
         self.requests, self.counts, self.hints = requests, counts, hints
         self.offsets = (_I64 * (capacity + 1))()
+        self._capacity = capacity
         a = self._args
         a.requests = ctypes.addressof(requests)
         a.counts = ctypes.addressof(counts)
@@ -76,7 +81,7 @@ class AppendBatch:
     @property
     def capacity(self) -> int:
         """Entries the bound arrays hold."""
-        return len(self.requests)
+        return self._capacity
 
     def reserve(self, n: int) -> None:
         """Room for ``n`` entries: rebinds the entry arrays (and ``offsets``), keeping what is written."""
@@ -84,7 +89,13 @@ class AppendBatch:
             self._bind(max(n, 2 * len(self.requests)))
 
     def __call__(self, n: int) -> None:
-        """Apply entries ``[0, n)`` in one engine call."""
+        """Apply entries ``[0, n)`` in one engine call (``0 <= n <= capacity``)."""
+        if not 0 <= n <= self._capacity:
+            raise OutOfRangeError(
+                TAGMA_E_OUT_OF_RANGE,
+                f"n = {n} is outside [0, {self._capacity}]: the batch's arrays hold {self._capacity} entries "
+                "(reserve() grows them)",
+            )
         self._args.num_requests = n
         status = self._fn(self._arg)
         if status:

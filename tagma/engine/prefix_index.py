@@ -12,7 +12,10 @@ Token ids come from vLLM as Python lists (``Request.prompt_token_ids``; ``all_to
 engine (``METH_FASTCALL``, no ctypes machinery), which reads the items in place into a thread-local int32
 buffer and calls the engine function through its address; an int32 buffer (numpy int32 array,
 ``array.array('i')``) is read in place through the buffer protocol. Without the extension (no Python
-headers at build time) numpy arrays go by address and other sequences through ``array.array('i', ...)``.
+headers at build time) int32 buffers go by address and other sequences through ``array.array('i', ...)``,
+whose length (never the caller's) is the count passed; buffers that are not 1-D C-contiguous native int32
+(``bytes``, int64 arrays, strided views) are refused on both paths with the same
+:class:`~tagma.errors.TokenIdsError`, token ids outside int32 with :class:`~tagma.errors.TokenRangeError`.
 Measured on this project's 2-core CPU machine, loaded, outside ``make bench-host`` (131,072 random ids
 below 128,000, block 16, medians of 7): ``array.array('i', lst)`` 16-35 ns/token, ``np.array(lst,
 dtype=np.int32)`` 68, ``np.fromiter`` 52; the index from int32 tokens: insert 0.58 + lookup 0.23 ns/token;
@@ -23,7 +26,8 @@ than ctypes'). ``make bench-host`` (section ``prefix_index``) re-measures all of
 
 Functions are bound once (ctypes prototypes for the engine, the reader's function); a call does no
 Python-side validation that the engine repeats (it validates every argument and the binding raises its
-status as a :class:`tagma.errors.TagmaError`).
+status as a :class:`tagma.errors.TagmaError`), only what the engine cannot see: that ids and counts fit
+their C types (ctypes would wrap them) and what a token container holds.
 """
 
 from __future__ import annotations
@@ -40,9 +44,21 @@ from typing import Any, Final
 
 import numpy as np
 
-from tagma.engine.abi import I32Array, parse_member
+from tagma.engine.abi import (
+    _I32_MAX,
+    _I32_MIN,
+    _I64_MAX,
+    _I64_MIN,
+    _U64_END,
+    I32Array,
+    _as_int_array,
+    _check_i64,
+    _check_u64,
+    parse_member,
+)
 from tagma.engine.loader import _load, _raise, library_path
 from tagma.engine.range_engine import RangeEngine
+from tagma.errors import TAGMA_E_INVALID_ARG, TAGMA_E_OUT_OF_RANGE, TokenIdsError, TokenRangeError
 
 __all__ = ["EvictionMode", "PrefixIndex", "PrefixStats", "pylist_available"]
 
@@ -134,6 +150,69 @@ def _bind() -> ctypes.CDLL:
     return _bound
 
 
+def _bounds_error(start: int, stop: int, size: int) -> ValueError:
+    return ValueError(f"token bounds [{start}, {stop}) are invalid for {size} tokens")  # the reader's words
+
+
+def _token_view(token_ids: Any) -> memoryview | None:
+    """``token_ids`` as a 1-D C-contiguous native int32 memoryview, or None when it is no buffer (a list, a
+    tuple, another sequence); any other buffer is refused as the C reader refuses it."""
+    if type(token_ids) is list or type(token_ids) is tuple:
+        return None
+    try:
+        view = memoryview(token_ids)
+    except TypeError:
+        return None
+    fmt = view.format
+    if not (view.itemsize == 4 and view.ndim == 1 and fmt[-1:] == "i" and (len(fmt) == 1 or fmt[0] in "=@<")):
+        raise TokenIdsError(
+            TAGMA_E_INVALID_ARG,
+            f"a token buffer must be 1-D native int32, got format '{fmt}' of {view.itemsize} bytes",
+        )
+    if not view.c_contiguous:
+        raise TokenIdsError(TAGMA_E_INVALID_ARG, "a token buffer must be C-contiguous, got a strided view")
+    return view
+
+
+def _token_item_error(items: Any, start: int) -> TokenIdsError | TokenRangeError | None:
+    """The reader's error for the first token of ``items`` (ids from ``start`` on) that is no int32 int."""
+    for i, item in enumerate(items):
+        if not isinstance(item, int):
+            return TokenIdsError(
+                TAGMA_E_INVALID_ARG, f"token id at index {start + i} is a {type(item).__name__}, not an int"
+            )
+        if not _I32_MIN <= item <= _I32_MAX:
+            return TokenRangeError(TAGMA_E_OUT_OF_RANGE, f"token id at index {start + i} does not fit int32")
+    return None
+
+
+def _as_token_array(token_ids: Any, start: int, stop: int) -> array.array[int]:
+    """``token_ids[start:stop]`` (a sequence that is no buffer) as a new ``array.array('i')``, or the
+    reader's typed error. Its length, not ``stop - start``, is what the engine may read."""
+    part = token_ids[start:stop]
+    if type(part) is not list and _token_view(part) is not None:  # a slice that is a buffer: int32 only
+        buf = array.array("i")
+        buf.frombytes(part)
+        return buf
+    try:
+        return array.array("i", part)
+    except (TypeError, OverflowError) as exc:
+        error = _token_item_error(part, start)
+        if error is None:
+            raise TokenIdsError(TAGMA_E_INVALID_ARG, f"token ids: {exc}") from None
+        raise error from None
+
+
+def _reader_error(token_ids: Any, exc: Exception) -> None:
+    """Raise the typed error for what the C reader refused (its own message); return when it is not about
+    the tokens (bounds: the caller re-raises the reader's ``ValueError``)."""
+    _token_view(token_ids)  # a buffer it refused: not int32, or strided (a BufferError or ValueError there)
+    if isinstance(exc, TypeError):
+        raise TokenIdsError(TAGMA_E_INVALID_ARG, str(exc)) from None
+    if isinstance(exc, OverflowError):
+        raise TokenRangeError(TAGMA_E_OUT_OF_RANGE, str(exc)) from None
+
+
 def pylist_available() -> bool:
     """Whether token lists are read in C (``libtagma_pylist.so`` next to the engine library)."""
     _bind()
@@ -175,8 +254,8 @@ class PrefixIndex:
         self._lib = lib
         self._engine = engine
         self._h = engine.handle
-        mode = EvictionMode.parse(eviction_mode) if isinstance(eviction_mode, str) else int(eviction_mode)
-        status = lib.tagma_prefix_enable(self._h, block_size, mode)
+        mode = EvictionMode.parse(eviction_mode)
+        status = lib.tagma_prefix_enable(self._h, _check_i64(block_size, "block_size"), mode)
         if status:
             _raise(lib, status)
         self.block_size = int(block_size)
@@ -214,37 +293,62 @@ class PrefixIndex:
         request's prompt once and pass the array to later calls, which then read it in place."""
         end = len(token_ids) if stop is None else min(stop, len(token_ids))
         if start < 0 or end < start:
-            raise ValueError(f"token bounds [{start}, {end}) are invalid for {len(token_ids)} tokens")
-        if self._tokens_into is None or type(token_ids) is np.ndarray:
-            return np.array(token_ids[start:end], dtype=np.int32)
+            raise _bounds_error(start, end, len(token_ids))
+        if type(token_ids) is np.ndarray:  # any integer dtype; values outside int32 are refused, not wrapped
+            if token_ids.ndim != 1 or token_ids.dtype.kind not in "iub":
+                what = f"{token_ids.dtype} {token_ids.shape}"
+                raise TokenIdsError(TAGMA_E_INVALID_ARG, f"a token array must be 1-D integers, got {what}")
+            return np.array(_as_int_array(token_ids[start:end], np.int32, "token_ids", TokenRangeError))
+        view = _token_view(token_ids)
+        if view is not None:
+            return np.array(view[start:end], dtype=np.int32)
+        if self._tokens_into is None:
+            return np.array(_as_token_array(token_ids, start, end), dtype=np.int32)
         out = np.empty(end - start, dtype=np.int32)
-        self._tokens_into(token_ids, start, end, out.ctypes.data, out.size)
+        try:
+            self._tokens_into(token_ids, start, end, out.ctypes.data, out.size)
+        except (TypeError, OverflowError) as exc:
+            _reader_error(token_ids, exc)
+            raise
         return out
 
     # ---- operations
 
     def _call(self, op: int, ns: int, request: int, token_ids: Any, start: int, stop: int, max_blocks: int,
               ids_out: int | None) -> int:
-        """One engine call on token_ids[start:stop] (stop clipped to the length); returns its int result."""
+        """One engine call on token_ids[start:stop] (stop clipped to the length); returns its int result.
+
+        ns and request must fit uint64, start, stop and max_blocks int64 (the callers check the latter)."""
+        if not (0 <= ns < _U64_END and 0 <= request < _U64_END):
+            _check_u64(ns, "ns")
+            _check_u64(request, "request")
         if self._reader:
-            result: int = self._reader(
-                self._fns[op], op, self._h, ns, request, token_ids, start, stop, max_blocks, ids_out
-            )
+            try:
+                result: int = self._reader(
+                    self._fns[op], op, self._h, ns, request, token_ids, start, stop, max_blocks, ids_out
+                )
+            except (TypeError, OverflowError, ValueError, BufferError) as exc:
+                _reader_error(token_ids, exc)
+                raise
             if result < 0:
                 _raise(self._lib, -result)
             return result
         else:
-            if type(token_ids) is np.ndarray:
-                arr = token_ids
-                if arr.dtype != np.int32 or not arr.flags.c_contiguous or arr.ndim != 1:
-                    raise TypeError("a numpy token array must be 1-D, C-contiguous int32")
-                stop = min(stop, arr.size)
+            view = _token_view(token_ids)
+            if view is not None:  # read in place, within the buffer
+                size = len(view)
+                if start < 0 or min(stop, size) < start:
+                    raise _bounds_error(start, stop, size)
+                arr = token_ids if type(token_ids) is np.ndarray else np.frombuffer(view, dtype=np.int32)
                 ptr = arr.ctypes.data + 4 * start
+                count = min(stop, size) - start
             else:
-                stop = min(stop, len(token_ids))
-                buf = array.array("i", token_ids[start:stop])
+                size = len(token_ids)
+                if start < 0 or min(stop, size) < start:
+                    raise _bounds_error(start, stop, size)
+                buf = _as_token_array(token_ids, start, min(stop, size))
                 ptr = buf.buffer_info()[0]
-            count = stop - start
+                count = len(buf)  # what was built, whatever the sequence's length claims
             if op == 0:
                 status = self._f_lookup(self._h, ns, ptr, count, max_blocks, ids_out, self._i64_p)
             elif op == 1:
@@ -260,6 +364,8 @@ class PrefixIndex:
         if max_blocks is None:
             n = len(token_ids) // self.block_size
             return n * self.block_size, n
+        if not _I64_MIN <= max_blocks <= _I64_MAX:
+            _check_i64(max_blocks, "max_blocks")
         return max(min(max_blocks, len(token_ids) // self.block_size), 0) * self.block_size, max_blocks
 
     def lookup(self, ns: int, token_ids: Sequence[int] | I32Array, max_blocks: int | None = None) -> int:
@@ -297,7 +403,8 @@ class PrefixIndex:
         of the request's blocks indexed afterwards: pass ``start = that * block_size`` next time."""
         if start < 0:
             raise ValueError(f"start {start} must be >= 0")
-        return self._call(2, ns, request, token_ids, start, len(token_ids) if stop is None else stop, 0, None)
+        end = len(token_ids) if stop is None else min(_check_i64(stop, "stop"), len(token_ids))
+        return self._call(2, ns, request, token_ids, _check_i64(start, "start"), end, 0, None)
 
     def clear(self) -> int:
         """Drop every cached block (vLLM's ``reset_prefix_cache``); returns how many had a cache reference."""
@@ -307,8 +414,7 @@ class PrefixIndex:
         return self._i64.value
 
     def set_eviction_mode(self, mode: EvictionMode | int | str) -> None:
-        value = EvictionMode.parse(mode) if isinstance(mode, str) else int(mode)
-        status = self._f_mode(self._h, value)
+        status = self._f_mode(self._h, EvictionMode.parse(mode))
         if status:
             _raise(self._lib, status)
 

@@ -16,6 +16,7 @@ from tagma.engine.abi import (
     _I64_MAX,
     _I64_MIN,
     _U64,
+    _U64_END,
     AppendResult,
     EngineStats,
     I32Array,
@@ -26,7 +27,9 @@ from tagma.engine.abi import (
     _as_i32,
     _as_i64,
     _CAppendBatch,
+    _check_i32,
     _check_i64,
+    _check_u64,
     _CStats,
 )
 from tagma.errors import (
@@ -92,7 +95,7 @@ class RangeEngine:
         self._handle = 0
         lib = _load()
         self._lib = lib
-        pol = Policy.parse(policy) if isinstance(policy, str) else int(policy)
+        pol = Policy.parse(policy)
         out = _U64(0)
         status = lib.tagma_engine_create(
             _check_i64(num_blocks, "num_blocks"), _check_i64(align, "align"), pol, ctypes.addressof(out)
@@ -187,7 +190,7 @@ class RangeEngine:
     # ---- policy and statistics
 
     def set_policy(self, policy: Policy | int | str) -> None:
-        pol = Policy.parse(policy) if isinstance(policy, str) else int(policy)
+        pol = Policy.parse(policy)
         status = self._f_set_policy(self._handle, pol)
         if status:
             _raise(self._lib, status)
@@ -195,7 +198,9 @@ class RangeEngine:
     def set_admission(self, percent: int, pieces: int = 1) -> None:
         """RESERVE admission: a hinted first append waits until ``percent``% of the hint fits in the
         ``pieces`` largest free parts clear of other requests' expected growth (0: off)."""
-        status = self._lib.tagma_engine_set_admission(self._handle, int(percent), int(pieces))
+        status = self._lib.tagma_engine_set_admission(
+            self._handle, _check_i32(int(percent), "percent"), _check_i32(int(pieces), "pieces")
+        )
         if status:
             _raise(self._lib, status)
 
@@ -232,12 +237,16 @@ class RangeEngine:
         return self._u64.value
 
     def release(self, request: int) -> None:
+        if not 0 <= request < _U64_END:
+            _check_u64(request, "request")
         status = self._f_release(self._handle, request)
         if status:
             _raise(self._lib, status)
 
     def append(self, request: int, count: int) -> AppendResult:
         """Append ``count`` new blocks; returns their ids (logical order) and the blocks evicted for them."""
+        if not 0 <= request < _U64_END:
+            _check_u64(request, "request")
         if not _I64_MIN <= count <= _I64_MAX:
             _check_i64(count, "count")
         # A request can never get more than num_blocks blocks, so a larger count must fail; pass NULL outputs
@@ -259,18 +268,24 @@ class RangeEngine:
 
     def attach(self, request: int, block_ids: IntArrayLike) -> None:
         """Append existing blocks (in use elsewhere, or cache-only) to the request's logical end."""
+        if not 0 <= request < _U64_END:
+            _check_u64(request, "request")
         ids = _as_i32(block_ids, "block_ids")
         status = self._f_attach(self._handle, request, ids.ctypes.data, ids.size)
         if status:
             _raise(self._lib, status)
 
     def num_blocks_of(self, request: int) -> int:
+        if not 0 <= request < _U64_END:
+            _check_u64(request, "request")
         status = self._f_num_blocks(self._handle, request, self._i64_p)
         if status:
             _raise(self._lib, status)
         return self._i64.value
 
     def num_ranges(self, request: int) -> int:
+        if not 0 <= request < _U64_END:
+            _check_u64(request, "request")
         status = self._f_num_ranges(self._handle, request, self._i64_p)
         if status:
             _raise(self._lib, status)
@@ -278,6 +293,8 @@ class RangeEngine:
 
     def ranges_array(self, request: int) -> I32Array:
         """The request's ranges as an (R, 3) int32 array of (physical_start, count, first_logical)."""
+        if not 0 <= request < _U64_END:
+            _check_u64(request, "request")
         cap = 8
         while True:
             buf = np.empty((cap, 3), dtype=np.int32)
@@ -294,6 +311,9 @@ class RangeEngine:
 
     def block(self, request: int, logical: int) -> int:
         """Physical id of the request's logical block ``logical``."""
+        if not (0 <= request < _U64_END and _I64_MIN <= logical <= _I64_MAX):
+            _check_u64(request, "request")
+            _check_i64(logical, "logical")
         status = self._f_block(self._handle, request, logical, self._i32_p)
         if status:
             _raise(self._lib, status)
@@ -305,13 +325,15 @@ class RangeEngine:
         With count None an empty tail gives an empty array; an explicit count must be positive (the engine
         rejects zero counts).
         """
+        _check_u64(request, "request")
+        _check_i64(first, "first")
         if count is None:
             count = self.num_blocks_of(request) - first
             if count == 0:
                 return np.empty(0, dtype=np.int32)
         # No request holds more than num_blocks blocks, so a larger count fails its range check before the
         # engine writes anything: a one-entry buffer stands in for one of that size.
-        fits = 0 <= count <= self._num_blocks
+        fits = 0 <= _check_i64(count, "count") <= self._num_blocks
         out = np.empty(count if fits else 1, dtype=np.int32)
         status = self._f_blocks(self._handle, request, first, count, out.ctypes.data)
         if status:
@@ -337,7 +359,7 @@ class RangeEngine:
     def cache_evict(self, max_blocks: int) -> I32Array:
         """Evict up to ``max_blocks`` cache-only blocks in LRU order; returns their ids."""
         # At most num_blocks blocks can be evicted, so that bounds the buffer whatever max_blocks is.
-        cap = min(max(max_blocks, 0), self._num_blocks)
+        cap = min(max(_check_i64(max_blocks, "max_blocks"), 0), self._num_blocks)
         out = np.empty(cap, dtype=np.int32)
         status = self._f_evict(self._handle, max_blocks, out.ctypes.data, self._i64_p)
         if status:
@@ -388,7 +410,7 @@ class RangeEngine:
 
     def ranges_histogram(self, buckets: int) -> I64Array:
         """out[k] = live requests with k ranges; the last bucket also counts every request with more."""
-        out = np.empty(max(buckets, 0), dtype=np.int64)
+        out = np.empty(max(_check_i64(buckets, "buckets"), 0), dtype=np.int64)
         status = self._f_hist(self._handle, out.ctypes.data, buckets)
         if status:
             _raise(self._lib, status)
@@ -403,12 +425,13 @@ class RangeEngine:
         ``hint``: blocks the request expects to append from now on, this call included (0: no hint); a new
         range then goes where the whole hint fits, so later appends grow in place.
         """
+        if not (0 <= request < _U64_END and _I64_MIN <= count <= _I64_MAX and _I64_MIN <= hint <= _I64_MAX):
+            _check_u64(request, "request")
+            _check_i64(count, "count")
+            _check_i64(hint, "hint")
         cap = count if 0 < count <= self._num_blocks else 1
         buf = np.empty((cap, 2), dtype=np.int32)
-        status = self._f_append_runs(
-            self._handle, request, _check_i64(count, "count"), _check_i64(hint, "hint"), buf.ctypes.data, cap,
-            self._i64_p,
-        )
+        status = self._f_append_runs(self._handle, request, count, hint, buf.ctypes.data, cap, self._i64_p)
         if status:
             _raise(self._lib, status)
         return buf[: self._i64.value]
@@ -423,8 +446,9 @@ class RangeEngine:
         nothing: on error the engine is unchanged. (The range manager's hot path is :class:`AppendBatch`.)
         """
         ids = [int(r) for r in np.asarray(requests).ravel()]
-        if any(r < 0 or r >= 2**64 for r in ids):
-            raise OutOfRangeError(TAGMA_E_OUT_OF_RANGE, "requests has a value outside uint64")
+        for r in ids:
+            if not 0 <= r < _U64_END:
+                raise OutOfRangeError(TAGMA_E_OUT_OF_RANGE, f"requests has a value outside uint64: {r}")
         reqs = np.array(ids, dtype=np.uint64)  # a copy: the engine writes new ids into it
         cnts = _as_i64(counts, "counts")
         n = reqs.size

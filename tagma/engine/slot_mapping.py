@@ -10,6 +10,8 @@ if TYPE_CHECKING:
 
 from tagma.engine.abi import (
     _I64,
+    _I64_MAX,
+    _I64_MIN,
     _VP,
     CoordLayout,
     I64Array,
@@ -146,10 +148,11 @@ class SlotMappingStep:
     """A prepared ``tagma_slot_mapping_step``: buffers that stay put are bound once, a call sets the rest.
 
     Pointers are integer addresses (``tensor.data_ptr()``, ``array.ctypes.data``); the caller keeps the
-    buffers alive while they are bound. A call does no Python-side checking: the engine validates every
-    index against the bound capacities and returns an error status, raised here as a :class:`TagmaError`
-    with the engine's message. See tagma.h for what the engine checks and assumes (each request's tokens
-    are consecutive positions; ``query_start_loc`` has ``num_reqs + 1`` entries).
+    buffers alive while they are bound. A call checks only that its counts fit int64 (a ctypes field would
+    wrap them); the engine validates every index against the bound capacities and returns an error status,
+    raised here as a :class:`TagmaError` with the engine's message. See tagma.h for what the engine checks
+    and assumes (each request's tokens are consecutive positions; ``query_start_loc`` has ``num_reqs + 1``
+    entries).
     """
 
     __slots__ = ("_args", "_args_p", "_fn", "_lib")
@@ -171,6 +174,8 @@ class SlotMappingStep:
     ) -> None:
         """The flat descriptors: ``ranges_capacity`` int32 triples at ``ranges_ptr``, ``max_reqs + 1`` int32
         offsets at ``offsets_ptr``."""
+        _check_i64(ranges_capacity, "ranges_capacity")  # before anything is bound: all or nothing
+        _check_i64(max_reqs, "max_reqs")
         a = self._args
         a.ranges = ranges_ptr
         a.ranges_capacity = ranges_capacity
@@ -179,14 +184,17 @@ class SlotMappingStep:
 
     def bind_out(self, out_ptr: int | None, out_len: int) -> None:
         """vLLM's slot-mapping buffer: ``out_len`` int64 entries, padded with -1 past the step's tokens."""
+        self._args.out_len = _check_i64(out_len, "out_len")
         self._args.out = out_ptr
-        self._args.out_len = out_len
 
     def __call__(
         self, num_reqs: int, query_start_loc_ptr: int, positions_ptr: int, num_positions: int
     ) -> None:
         """Fill the bound ``out`` for ``num_reqs`` requests: ``num_reqs + 1`` int32 query start locations at
         ``query_start_loc_ptr``, ``num_positions`` int64 positions at ``positions_ptr``."""
+        if not (_I64_MIN <= num_reqs <= _I64_MAX and _I64_MIN <= num_positions <= _I64_MAX):
+            _check_i64(num_reqs, "num_reqs")  # a ctypes field wraps what it is given
+            _check_i64(num_positions, "num_positions")
         a = self._args
         a.num_reqs = num_reqs
         a.query_start_loc = query_start_loc_ptr
