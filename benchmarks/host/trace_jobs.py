@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from harness.workload import trace_file
 from harness.workload.trace_file import TraceRecord
@@ -25,6 +26,7 @@ __all__ = [
     "jobs_from_records",
     "prompt_tokens",
     "reuse_bound",
+    "select_records",
 ]
 
 HASH_ID_TOKEN_BASE = 1 << 20  # first token of a hash id's block: 2**20 + hash id
@@ -135,3 +137,27 @@ def reuse_bound(jobs: Sequence[Job], block_size: int, hash_block: int) -> list[i
 def infinite_pool_hit_tokens(jobs: Sequence[Job], block_size: int, hash_block: int) -> tuple[int, int]:
     """(tokens an earlier request's blocks cover, prompt tokens) over ``jobs`` (see :func:`reuse_bound`)."""
     return sum(reuse_bound(jobs, block_size, hash_block)), sum(j.record.input_length for j in jobs)
+
+
+def select_records(trace: trace_file.Trace, tcfg: dict[str, Any]) -> tuple[list[TraceRecord], dict[str, Any]]:
+    """The configured window of the trace and what it kept."""
+    records = trace_file.window(
+        trace.records,
+        start_ms=int(tcfg.get("start_ms") or 0),
+        duration_ms=tcfg.get("duration_ms"),
+        first=tcfg.get("first"),
+        time_scale=float(tcfg.get("time_scale") or 1.0),
+    )
+    in_window = len(records)
+    capped = 0
+    mode = str(tcfg.get("cap_mode") or "drop")
+    if tcfg.get("max_input_length"):
+        records, capped = trace_file.cap_input_length(
+            records, int(tcfg["max_input_length"]), mode, trace.hash_block_tokens
+        )
+    return records, {
+        "in_window": in_window,
+        "max_input_length": tcfg.get("max_input_length"),
+        "cap_mode": mode,
+        "over_max_input_length": capped,
+    }

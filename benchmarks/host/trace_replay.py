@@ -77,9 +77,9 @@ from benchmarks.host.trace_jobs import (
     jobs_from_records,
     prompt_tokens,
     reuse_bound,
+    select_records,
 )
 from harness.workload import trace_file
-from harness.workload.trace_file import TraceRecord
 from tagma.core.registry import build_kv_cache_manager as TagmaKVCacheManager
 
 __all__ = ["Side", "eviction_cost", "replay", "run", "runs_of_ids"]
@@ -522,30 +522,6 @@ def build_managers(
         except TypeError as exc:  # this tagma's factory does not take the variant's arguments
             skipped[name] = f"{type(exc).__name__}: {exc}"
     return managers, skipped
-
-
-def select_records(trace: trace_file.Trace, tcfg: dict[str, Any]) -> tuple[list[TraceRecord], dict[str, Any]]:
-    """The configured window of the trace and what it kept."""
-    records = trace_file.window(
-        trace.records,
-        start_ms=int(tcfg.get("start_ms") or 0),
-        duration_ms=tcfg.get("duration_ms"),
-        first=tcfg.get("first"),
-        time_scale=float(tcfg.get("time_scale") or 1.0),
-    )
-    in_window = len(records)
-    capped = 0
-    mode = str(tcfg.get("cap_mode") or "drop")
-    if tcfg.get("max_input_length"):
-        records, capped = trace_file.cap_input_length(
-            records, int(tcfg["max_input_length"]), mode, trace.hash_block_tokens
-        )
-    return records, {
-        "in_window": in_window,
-        "max_input_length": tcfg.get("max_input_length"),
-        "cap_mode": mode,
-        "over_max_input_length": capped,
-    }
 
 
 def replay_settings(cfg: dict[str, Any]) -> tuple[ReplayConfig, dict[str, dict[str, Any]]]:
