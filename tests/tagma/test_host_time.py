@@ -426,7 +426,7 @@ def test_real_managers_instrumented_identically(monkeypatch: pytest.MonkeyPatch,
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
     from tagma.core.registry import build_kv_cache_manager
-    from tests.tagma.test_manager import make_config, make_request, manager_kwargs
+    from tests.tagma.twin import make_config, make_request, manager_kwargs
 
     monkeypatch.setenv("TAGMA_HOST_TIME_FILE", str(tmp_path / "host_time.jsonl"))
     monkeypatch.setenv("TAGMA_TELEMETRY_FILE", str(tmp_path / "telemetry.jsonl"))

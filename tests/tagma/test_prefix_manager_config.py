@@ -149,7 +149,7 @@ def test_the_hook_needs_the_engine_core_module(monkeypatch: pytest.MonkeyPatch) 
 def test_reserve_placement_is_refused_with_prefix_caching_on() -> None:
     from tagma.core.registry import build_kv_cache_manager
     from tagma.errors import TagmaUnsupported
-    from tests.tagma.test_manager import make_config, manager_kwargs
+    from tests.tagma.twin import make_config, manager_kwargs
 
     with pytest.raises(TagmaUnsupported, match="reserve with prefix caching on"):
         build_kv_cache_manager(
@@ -161,7 +161,7 @@ def test_reserve_placement_is_refused_with_prefix_caching_on() -> None:
 def test_contiguous_eviction_refuses_other_placement_policies_and_lru_takes_them(policy: str) -> None:
     from tagma.core.registry import build_kv_cache_manager
     from tagma.errors import TagmaUnsupported
-    from tests.tagma.test_manager import make_config, manager_kwargs
+    from tests.tagma.twin import make_config, manager_kwargs
 
     refusal = f"TAGMA_PLACEMENT={policy} with TAGMA_PREFIX_EVICTION=contiguous"
     with pytest.raises(TagmaUnsupported, match=refusal):
