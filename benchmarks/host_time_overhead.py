@@ -35,6 +35,7 @@ from harness.analysis import host_time
 from harness.client import run_requests
 from harness.serve.environment import environment
 from harness.serve.launcher import Server, ServerSpec
+from tagma.contract import ENV_HOST_TIME_FILE, ENV_TELEMETRY_FILE, ENV_TELEMETRY_INTERVAL_S
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,11 +70,11 @@ def one_run(model: Path, backend: str, instrumented: bool, reqs: list[Req], work
     run_dir = work / f"{backend}-{'on' if instrumented else 'off'}"
     run_dir.mkdir(parents=True)
     env = {
-        "TAGMA_TELEMETRY_FILE": str(run_dir / "tagma_telemetry.jsonl"),
-        "TAGMA_TELEMETRY_INTERVAL_S": "0.5",
+        ENV_TELEMETRY_FILE: str(run_dir / "tagma_telemetry.jsonl"),
+        ENV_TELEMETRY_INTERVAL_S: "0.5",
     }
     if instrumented:
-        env["TAGMA_HOST_TIME_FILE"] = str(run_dir / host_time.BASE_NAME)
+        env[ENV_HOST_TIME_FILE] = str(run_dir / host_time.BASE_NAME)
     spec = ServerSpec(model=str(model), backend=backend, max_model_len=8192, kv_cache_space_gib=1, env=env)
     warm, measured = reqs[:1], reqs[1:]
     with Server(spec, run_dir / "server.log") as server:

@@ -6,13 +6,15 @@ from __future__ import annotations
 import importlib.metadata
 import sys
 
+from tagma.contract import ENV_VLLM_BUILD
+
 
 def problems() -> list[str]:
     found: list[str] = []
     try:
         import torch
     except ImportError:
-        return ["torch is not installed (run `make setup TAGMA_VLLM=gpu`)"]
+        return [f"torch is not installed (run `make setup {ENV_VLLM_BUILD}=gpu`)"]
     if not torch.cuda.is_available():
         found.append(f"no CUDA GPU visible to torch {torch.__version__}")
     try:
@@ -20,7 +22,8 @@ def problems() -> list[str]:
     except importlib.metadata.PackageNotFoundError:
         version = None
     if version is None:
-        found.append("the CUDA vLLM is not installed (`make setup TAGMA_VLLM=gpu` installs vllm 0.33.0)")
+        setup = f"make setup {ENV_VLLM_BUILD}=gpu"
+        found.append(f"the CUDA vLLM is not installed (`{setup}` installs vllm 0.33.0)")
     elif "cpu" in version:
         found.append(f"installed vLLM {version} is a CPU build")
     return found

@@ -29,6 +29,8 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from tagma.contract import ENV_CONFORMANCE_DENYLIST, ENV_CONFORMANCE_KV_MANAGER, ENV_CONFORMANCE_STATS
+
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from fetch_vllm_tests import DEFAULT_ROOT, fetch
@@ -53,12 +55,12 @@ def child_env(
 ) -> dict[str, str]:
     env = dict(os.environ)
     if stats:
-        env["TAGMA_CONFORMANCE_STATS"] = str(stats)
+        env[ENV_CONFORMANCE_STATS] = str(stats)
     if denylist:
-        env["TAGMA_CONFORMANCE_DENYLIST"] = str(Path(denylist).resolve())
+        env[ENV_CONFORMANCE_DENYLIST] = str(Path(denylist).resolve())
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH", "")) if p)
     if kv_manager:
-        env["TAGMA_CONFORMANCE_KV_MANAGER"] = kv_manager
+        env[ENV_CONFORMANCE_KV_MANAGER] = kv_manager
         # The manager's own package lives in this repo.
         env["PYTHONPATH"] += os.pathsep + str(HERE.parents[1])
     return env

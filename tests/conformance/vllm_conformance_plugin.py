@@ -29,8 +29,15 @@ from pathlib import Path
 
 import pytest
 
+from tagma.contract import (  # stdlib only; tagma is installed (editable) in the venv vLLM's pytest runs in
+    ENV_CONFORMANCE_DENYLIST,
+    ENV_CONFORMANCE_KV_MANAGER,
+    ENV_CONFORMANCE_MODEL,
+    ENV_CONFORMANCE_STATS,
+)
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TINY_MODEL = Path(os.environ.get("TAGMA_CONFORMANCE_MODEL", REPO_ROOT / "data" / "tiny-llama"))
+TINY_MODEL = Path(os.environ.get(ENV_CONFORMANCE_MODEL, REPO_ROOT / "data" / "tiny-llama"))
 
 # Text-only models the core tests use as placeholders: they need some model config (and, for some, a
 # tokenizer or a runnable model). Models whose own shape or modality a test checks (llava, Qwen2.5-VL,
@@ -154,7 +161,7 @@ _DENIAL_KEY = pytest.StashKey[Denial]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    path = os.environ.get("TAGMA_CONFORMANCE_DENYLIST")
+    path = os.environ.get(ENV_CONFORMANCE_DENYLIST)
     if not path:
         return
     denied = load_denylist(path)
@@ -264,7 +271,7 @@ def _counting_factory(cls: type, stats: _SwapStats):
 
 def pytest_configure(config: pytest.Config) -> None:
     _redirect_engine_args()
-    spec = os.environ.get("TAGMA_CONFORMANCE_KV_MANAGER")
+    spec = os.environ.get(ENV_CONFORMANCE_KV_MANAGER)
     config._tagma_kv_manager = _load(spec) if spec else None
     config._tagma_swap_stats = _STATS["stats"] = _SwapStats()
     config._tagma_factory = (
@@ -289,7 +296,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
         return
     summary = session.config._tagma_swap_stats.summary(cls)
     session.config._tagma_swap_summary = summary
-    path = os.environ.get("TAGMA_CONFORMANCE_STATS")
+    path = os.environ.get(ENV_CONFORMANCE_STATS)
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(summary, indent=1) + "\n")

@@ -22,6 +22,7 @@ from benchmarks.host.report import __main__ as host_report_cli
 from harness import report
 from harness.analysis import plots_cli, sweep_report
 from harness.files import read_json, write_json
+from tagma.contract import ENV_N_BOOT, ENV_RUN_DIR, ENV_SWEEP_DIR
 from tests.harness.test_report_and_resume import ABBA6, _fake_run, _meta
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,19 +97,19 @@ def test_notebooks_are_committed_without_outputs(name: str) -> None:
         if c["cell_type"] == "code":
             assert c["outputs"] == [] and c["execution_count"] is None, name
     params = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
-    assert len(params) == 1 and "TAGMA_RUN_DIR" in "".join(params[0]["source"])
+    assert len(params) == 1 and ENV_RUN_DIR in "".join(params[0]["source"])
 
 
 def test_serve_notebook_runs(serve_run: Path, sweep: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    nb = _execute("serve_run.ipynb", monkeypatch, TAGMA_RUN_DIR=str(serve_run), TAGMA_SWEEP_DIR=str(sweep),
-                  TAGMA_N_BOOT="100")  # fmt: skip
+    env = {ENV_RUN_DIR: str(serve_run), ENV_SWEEP_DIR: str(sweep), ENV_N_BOOT: "100"}
+    nb = _execute("serve_run.ipynb", monkeypatch, **env)
     assert _images(nb) == len(SERVE_FIGURES) + 1  # the run's figures and the sweep's
     text = json.dumps(nb)
     assert "mean_ttft_ms" in text and "0.2 req/s" in text
 
 
 def test_host_notebook_runs(host_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    nb = _execute("host_bench.ipynb", monkeypatch, TAGMA_RUN_DIR=str(host_run))
+    nb = _execute("host_bench.ipynb", monkeypatch, **{ENV_RUN_DIR: str(host_run)})
     assert _images(nb) == len(read_json(host_run / "host_bench.json")["plots"]) >= 4
 
 

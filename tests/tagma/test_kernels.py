@@ -1,11 +1,11 @@
 """The write- and read-path Triton kernels (tagma/kernels) against their PyTorch references.
 
 The kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, read when ``@triton.jit`` decorates):
-as in tests/tagma/test_write_path.py, the kernel modules are imported afresh with the variable set and dropped
-again afterwards, so the two files share a pytest session in either order. Sizes are tiny (the interpreter
-runs every program in Python). bf16 is checked only on a GPU: the Triton 3.9 interpreter's ``tl.dot``
-multiplies bf16 operands' bit patterns as integers. That every kernel also compiles for a GPU is checked
-by lowering it to a cubin for sm_90 in a subprocess (no GPU needed).
+as in tests/tagma/test_write_path_triton.py, the kernel modules are imported afresh with the variable set
+and dropped again afterwards, so the two files share a pytest session in either order. Sizes are tiny (the
+interpreter runs every program in Python). bf16 is checked only on a GPU: the Triton 3.9 interpreter's
+``tl.dot`` multiplies bf16 operands' bit patterns as integers. That every kernel also compiles for a GPU is
+checked by lowering it to a cubin for sm_90 in a subprocess (no GPU needed).
 """
 
 from __future__ import annotations

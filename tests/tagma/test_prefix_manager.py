@@ -5,217 +5,42 @@ sha256 block hasher, tagma's carry none (its engine core builds them without one
 hit lengths, allocation success and sizes, usage, free blocks, prefix-cache stats. With no eviction
 pressure the hit lengths equal vLLM's exactly (same cold request sequence); under pressure the eviction
 order is the engine's, so only invariants are checked there. After every step the engine's block state
-is checked against the manager's counts.
+is checked against the manager's counts. The driver is tests/tagma/twin.py's ``Twin`` with the
+``PREFIX_INDEX`` flavour (the contiguity-aware eviction mode unless a test picks another).
 """
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import numpy as np
 import pytest
 from vllm.lora.request import LoRARequest
-from vllm.sampling_params import SamplingParams
-from vllm.v1.core.kv_cache_manager import KVCacheManager
-from vllm.v1.request import Request, RequestStatus
+from vllm.v1.request import RequestStatus
 
 from tagma.contract import ENV_RANGE_MANAGER
 from tagma.core.manager import TagmaKVCacheManager
-from tagma.core.prefix_manager import HitBlocks, PrefixKVCacheManager
+from tagma.core.prefix_manager import PrefixKVCacheManager
 from tagma.core.registry import build_kv_cache_manager
 from tagma.errors import TagmaUnsupported
-from tests.tagma.test_manager import BLOCK, make_config, make_request, manager_kwargs
-
-
-def tagma_request(
-    request_id: str, tokens: list[int], cache_salt: str | None = None, lora: LoRARequest | None = None
-) -> Request:
-    params = SamplingParams(max_tokens=1 << 20)
-    params.update_from_generation_config({}, eos_token_id=100_000)
-    return Request(
-        request_id=request_id,
-        prompt_token_ids=list(tokens),
-        sampling_params=params,
-        pooling_params=None,
-        block_hasher=None,  # as tagma's engine core builds them: no block hashes
-        cache_salt=cache_salt,
-        lora_request=lora,
-    )
-
-
-def check_state(manager: PrefixKVCacheManager) -> None:
-    """The manager's counts and the engine agree; no vLLM block object is used."""
-    pool = manager.block_pool
-    engine = manager.engine
-    req_refs, cache_refs = engine.block_state()
-    assert all(b.ref_cnt == 0 and b.block_hash is None for b in pool.blocks)
-    stats = engine.stats()
-    assert pool.get_num_free_blocks() == stats.free_blocks + stats.cached_only_blocks
-    assert pool.free_block_queue.num_free_blocks == pool.get_num_free_blocks()
-    assert stats.used_blocks == int(np.count_nonzero(req_refs))
-    live = set(pool._engine_reqs)
-    assert stats.live_requests == len(live) and set(manager._held) == live
-    for rid in live:
-        (ids,) = manager.get_block_ids(rid)
-        assert len(ids) == manager.num_blocks_held(rid) == engine.num_blocks_of(pool._engine_reqs[rid])
-        assert all(req_refs[i] >= 1 for i in ids) and len(set(ids)) == len(ids)
-    assert int(np.count_nonzero(cache_refs)) == manager.prefix_stats()["indexed_blocks"]
-
-
-class Twin:
-    """vLLM's manager and tagma's prefix manager driven by the same operations."""
-
-    def __init__(self, num_blocks: int, block_size: int = BLOCK, eviction: str = "contiguous", **kw: Any):
-        config = make_config(num_blocks, block_size)
-        kwargs = manager_kwargs(block_size, **kw)
-        self.block_size = block_size
-        self.paged = KVCacheManager(config, **kwargs)
-        self.tagma = build_kv_cache_manager(config, prefix_eviction=eviction, **kwargs)
-        assert isinstance(self.tagma, PrefixKVCacheManager)
-        self.requests: dict[str, tuple[Request, Request]] = {}
-        self.hits: list[tuple[int, int]] = []  # (paged, tagma) per admission
-        self.exact_hits = True
-        self.handed_out: dict[str, list[int]] = {}
-
-    def add(self, rid: str, tokens: list[int]) -> None:
-        self.requests[rid] = (make_request(rid, tokens, self.block_size), tagma_request(rid, tokens))
-
-    def pairs(self, rid: str) -> list[tuple[Any, Request]]:
-        p, t = self.requests[rid]
-        return [(self.paged, p), (self.tagma, t)]
-
-    def schedule(self, rid: str, first: bool, budget: int | None = None) -> bool:
-        outcomes = []
-        hits = []
-        for manager, req in self.pairs(rid):
-            hit, computed = 0, None
-            if first:
-                computed, hit, _ = manager.get_computed_blocks(req)
-                if manager is self.tagma and hit:
-                    assert isinstance(computed, HitBlocks) and len(computed) * self.block_size == hit
-            hits.append(hit)
-            num_new = req.num_tokens - req.num_computed_tokens - hit
-            if budget is not None:
-                num_new = min(num_new, budget)
-            if first:
-                new = manager.allocate_slots(req, num_new, hit, computed)
-            else:
-                new = manager.allocate_slots(req, num_new)
-            if new is not None:
-                if first:
-                    manager.record_prefix_cache_stats(req, hit)
-                    req.status = RequestStatus.RUNNING
-                req.num_computed_tokens += hit + num_new
-                outcomes.append(len(new.get_block_ids()[0]))
-                if manager is self.tagma:
-                    self._check_handed_out(rid, new.get_block_ids()[0])
-            else:
-                outcomes.append(None)
-        if first:
-            self.hits.append((hits[0], hits[1]))
-        if self.exact_hits:
-            assert hits[0] == hits[1], f"{rid}: hit paged {hits[0]} != tagma {hits[1]}"
-            assert outcomes[0] == outcomes[1], f"{rid}: paged {outcomes[0]} != tagma {outcomes[1]}"
-            self.check()
-        else:
-            check_state(self.tagma)
-        return outcomes[1] is not None if not self.exact_hits else outcomes[0] is not None
-
-    def _check_handed_out(self, rid: str, new_ids: list[int]) -> None:
-        (ids,) = self.tagma.get_block_ids(rid)
-        seen = self.handed_out.setdefault(rid, [])
-        assert ids[: len(seen)] == seen, "a block id given to a running request changed"
-        assert all(0 < i < self.tagma.block_pool.num_gpu_blocks for i in ids)
-        assert not new_ids or ids[len(ids) - len(new_ids) :] == new_ids
-        seen[:] = ids
-
-    def free(self, rid: str, preempt: bool = False) -> None:
-        for manager, req in self.pairs(rid):
-            manager.free(req)
-            if preempt:
-                req.status = RequestStatus.PREEMPTED
-                req.num_computed_tokens = 0
-                req.num_preemptions += 1
-        self.handed_out.pop(rid, None)
-        if self.exact_hits:
-            self.check()
-
-    def check(self) -> None:
-        p, t = self.paged, self.tagma
-        assert p.usage == t.usage
-        assert p.block_pool.get_num_free_blocks() == t.block_pool.get_num_free_blocks()
-        check_state(t)
-
-    def check_stats(self) -> None:
-        a, b = self.paged.make_prefix_cache_stats(), self.tagma.make_prefix_cache_stats()
-        if self.exact_hits:
-            assert a == b
-        else:
-            assert a.requests == b.requests and a.queries == b.queries
-
-
-def run_workload(
-    twin: Twin, seed: int, num_requests: int, max_running: int, chunk: int | None = None
-) -> None:
-    """Shared prefixes, partial-block prompts, FIFO admission, chunked prefill, decode (outputs fill
-    blocks), preemption of the last admitted request when allocation fails, resume, finish."""
-    rng = random.Random(seed)
-    bs = twin.block_size
-    prefixes = [[rng.randrange(50_000) for _ in range(bs * rng.randint(1, 6))] for _ in range(4)]
-    waiting: list[str] = []
-    out_len: dict[str, int] = {}
-    generated: dict[str, int] = {}
-    for i in range(num_requests):
-        prefix = rng.choice(prefixes)
-        suffix = [rng.randrange(50_000) for _ in range(rng.randint(1, 3 * bs))]
-        rid = f"r{i}"
-        twin.add(rid, prefix[: rng.randint(0, len(prefix))] + suffix)
-        waiting.append(rid)
-        out_len[rid] = rng.randint(1, 6 * bs)
-        generated[rid] = 0
-    running: list[str] = []
-    step = 0
-    while waiting or running:
-        step += 1
-        twin.paged.new_step_starts()
-        twin.tagma.new_step_starts()
-        for rid in list(running):
-            if rid not in running:
-                continue
-            req = twin.requests[rid][1]
-            if req.num_computed_tokens >= req.num_tokens:
-                if generated[rid] >= out_len[rid]:
-                    running.remove(rid)
-                    twin.free(rid)
-                    continue
-                token = rng.randrange(50_000)
-                for _, r in twin.pairs(rid):
-                    r.append_output_token_ids(token)
-                generated[rid] += 1
-            while not twin.schedule(rid, first=False, budget=chunk):
-                victim = running.pop()
-                twin.free(victim, preempt=True)
-                waiting.insert(0, victim)
-                if victim == rid:
-                    break
-        while waiting and len(running) < max_running:
-            rid = waiting[0]
-            if not twin.schedule(rid, first=True, budget=chunk):
-                break
-            waiting.pop(0)
-            running.append(rid)
-        if step % 7 == 0:
-            twin.check_stats()
-    twin.check_stats()
-
+from tests.tagma.twin import (
+    BLOCK,
+    PREFIX_INDEX,
+    Twin,
+    check_prefix_state,
+    make_config,
+    manager_kwargs,
+    run_workload,
+    tagma_request,
+)
 
 # --------------------------------------------------------------------------------------------- tests
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_lru_eviction_keeps_vllm_s_hits_under_pressure(seed: int) -> None:
-    twin = Twin(num_blocks=40, eviction="lru")  # exact LRU: vLLM's eviction order, so vLLM's hits
+    # exact LRU: vLLM's eviction order, so vLLM's hits
+    twin = Twin(num_blocks=40, flavour=PREFIX_INDEX, prefix_eviction="lru")
     run_workload(twin, seed, num_requests=30, max_running=8)
     assert sum(p for p, _ in twin.hits) > 0
 
@@ -235,7 +60,8 @@ def test_caching_on_builds_the_prefix_manager_unless_switched_off(monkeypatch: p
 def test_hits_and_outcomes_equal_vllm_without_eviction_pressure(
     eviction: str, seed: int, chunk: int | None
 ) -> None:
-    twin = Twin(num_blocks=2048, eviction=eviction)  # the whole workload stays cached
+    # the whole workload stays cached
+    twin = Twin(num_blocks=2048, flavour=PREFIX_INDEX, prefix_eviction=eviction)
     run_workload(twin, seed, num_requests=40, max_running=6, chunk=chunk)
     assert sum(p for p, _ in twin.hits) > 0, "the workload had no prefix hit to compare"
 
@@ -243,7 +69,7 @@ def test_hits_and_outcomes_equal_vllm_without_eviction_pressure(
 @pytest.mark.parametrize("eviction", ["lru", "contiguous"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_preemption_and_resume_under_pressure_keep_the_invariants(eviction: str, seed: int) -> None:
-    twin = Twin(num_blocks=40, eviction=eviction)
+    twin = Twin(num_blocks=40, flavour=PREFIX_INDEX, prefix_eviction=eviction)
     twin.exact_hits = False  # the engine picks eviction victims
     run_workload(twin, seed, num_requests=30, max_running=8)
     assert all(len(twin.tagma.get_block_ids(r)[0]) == 0 for r in twin.requests)
@@ -252,7 +78,7 @@ def test_preemption_and_resume_under_pressure_keep_the_invariants(eviction: str,
 
 
 def test_a_fully_cached_prompt_hits_all_but_its_last_block_as_vllm() -> None:
-    twin = Twin(num_blocks=64)
+    twin = Twin(num_blocks=64, flavour=PREFIX_INDEX)
     tokens = list(range(1, 4 * BLOCK + 1))  # exactly 4 full blocks: the last token is recomputed
     twin.add("a", tokens)
     assert twin.schedule("a", first=True)
@@ -266,7 +92,7 @@ def test_a_fully_cached_prompt_hits_all_but_its_last_block_as_vllm() -> None:
 
 
 def test_decode_filled_blocks_are_cached_as_vllm_caches_them() -> None:
-    twin = Twin(num_blocks=64)
+    twin = Twin(num_blocks=64, flavour=PREFIX_INDEX)
     prompt = list(range(1, BLOCK + 3))
     twin.add("a", prompt)
     assert twin.schedule("a", first=True)
@@ -283,7 +109,7 @@ def test_decode_filled_blocks_are_cached_as_vllm_caches_them() -> None:
 
 
 def test_reset_prefix_cache_fails_while_blocks_are_in_use_and_stats_record_it() -> None:
-    twin = Twin(num_blocks=64)
+    twin = Twin(num_blocks=64, flavour=PREFIX_INDEX)
     twin.add("a", list(range(1, 3 * BLOCK + 2)))
     assert twin.schedule("a", first=True)
     assert twin.paged.reset_prefix_cache() is False
@@ -301,7 +127,7 @@ def test_reset_prefix_cache_fails_while_blocks_are_in_use_and_stats_record_it() 
 
 
 def test_preempted_request_stats_have_vllm_s_meaning() -> None:
-    twin = Twin(num_blocks=64)
+    twin = Twin(num_blocks=64, flavour=PREFIX_INDEX)
     twin.add("a", list(range(1, 3 * BLOCK + 2)))
     assert twin.schedule("a", first=True)
     twin.free("a", preempt=True)
@@ -339,11 +165,11 @@ def test_requests_with_different_cache_salt_or_lora_never_share_a_block() -> Non
         for b in ids_of:
             if a != b:
                 assert not ids_of[a] & ids_of[b], f"keys {keys[a]} and {keys[b]} shared a block"
-    check_state(manager)
+    check_prefix_state(manager)
 
 
 def test_usage_and_stats_equal_vllm_while_requests_share_hits() -> None:
-    twin = Twin(num_blocks=64)
+    twin = Twin(num_blocks=64, flavour=PREFIX_INDEX)
     shared = list(range(1, 4 * BLOCK + 1))
     for k in range(3):
         twin.add(f"s{k}", shared + [500 + k] * 3)
@@ -407,7 +233,7 @@ def test_decode_steps_without_a_new_full_block_make_no_engine_call() -> None:
 
 
 def test_deferred_free_through_the_pool_keeps_vllm_s_free_count() -> None:
-    twin = Twin(num_blocks=64)
+    twin = Twin(num_blocks=64, flavour=PREFIX_INDEX)
     shared = list(range(1, 4 * BLOCK + 1))
     for k in range(2):
         twin.add(f"d{k}", shared + [700 + k] * 3)

@@ -24,7 +24,7 @@ from vllm.v1.engine import EngineCoreRequest  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
 from tagma import fail_closed  # noqa: E402
-from tagma.contract import ENV_RANGE_MANAGER  # noqa: E402
+from tagma.contract import ENV_PLACEMENT, ENV_PREFIX_EVICTION, ENV_RANGE_MANAGER  # noqa: E402
 from tagma.core import scheduler as tagma_scheduler  # noqa: E402
 from tagma.selector import TagmaConfigError  # noqa: E402
 from tests.tagma.tiny_configs import TAGMA, engine_config  # noqa: E402
@@ -149,7 +149,7 @@ def test_the_hook_needs_the_engine_core_module(monkeypatch: pytest.MonkeyPatch) 
 def test_reserve_placement_is_refused_with_prefix_caching_on() -> None:
     from tagma.core.registry import build_kv_cache_manager
     from tagma.errors import TagmaUnsupported
-    from tests.tagma.test_manager import make_config, manager_kwargs
+    from tests.tagma.twin import make_config, manager_kwargs
 
     with pytest.raises(TagmaUnsupported, match="reserve with prefix caching on"):
         build_kv_cache_manager(
@@ -161,9 +161,9 @@ def test_reserve_placement_is_refused_with_prefix_caching_on() -> None:
 def test_contiguous_eviction_refuses_other_placement_policies_and_lru_takes_them(policy: str) -> None:
     from tagma.core.registry import build_kv_cache_manager
     from tagma.errors import TagmaUnsupported
-    from tests.tagma.test_manager import make_config, manager_kwargs
+    from tests.tagma.twin import make_config, manager_kwargs
 
-    refusal = f"TAGMA_PLACEMENT={policy} with TAGMA_PREFIX_EVICTION=contiguous"
+    refusal = f"{ENV_PLACEMENT}={policy} with {ENV_PREFIX_EVICTION}=contiguous"
     with pytest.raises(TagmaUnsupported, match=refusal):
         build_kv_cache_manager(
             make_config(41), placement_policy=policy, prefix_eviction="contiguous",

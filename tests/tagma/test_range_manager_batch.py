@@ -19,7 +19,7 @@ from vllm.v1.request import Request, RequestStatus
 from tagma.core.range_manager import RangeBlocks, RangeKVCacheManager
 from tagma.core.registry import build_kv_cache_manager
 from tagma.engine import NoSpaceError
-from tests.tagma.test_manager import (
+from tests.tagma.twin import (
     CountingBatch,
     assert_no_leak,
     check_range_state,

@@ -40,6 +40,7 @@ import pytest
 from harness.serve.launcher import Server, ServerSpec
 from harness.serve.server_telemetry import parse_prometheus
 from harness.workload import sharegpt_file as sharegpt
+from tagma.contract import ENV_TELEMETRY_FILE, ENV_TELEMETRY_INTERVAL_S
 
 pytestmark = pytest.mark.slow
 
@@ -229,7 +230,7 @@ def run_backend(backend: str, plan: Plan, workdir: Path, label: str = "", extra:
         num_gpu_blocks_override=NUM_BLOCKS,
         kv_cache_space_gib=1,  # fixes the KV memory (else vLLM for CPU reserves a share of the RAM)
         extra_args=SERVER_ARGS + extra,
-        env={"TAGMA_TELEMETRY_FILE": str(tel), "TAGMA_TELEMETRY_INTERVAL_S": str(TELEMETRY_INTERVAL_S)},
+        env={ENV_TELEMETRY_FILE: str(tel), ENV_TELEMETRY_INTERVAL_S: str(TELEMETRY_INTERVAL_S)},
     )
     run = Run(backend)
     t0 = time.monotonic()

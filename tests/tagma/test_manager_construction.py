@@ -1,0 +1,97 @@
+"""Building tagma's manager from vLLM's arguments: which manager caching on or off builds, the
+configurations refused, the arguments passed through, the placement policy and reserve-admission settings,
+and the block pool converted in place for every holder."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from vllm.v1.kv_cache_interface import KVCacheConfig, MLAAttentionSpec, SlidingWindowSpec
+
+from tagma.contract import ENV_PLACEMENT, ENV_RANGE_MANAGER, ENV_RESERVE_ADMISSION
+from tagma.core.block_pool import TagmaBlockPool
+from tagma.core.manager import TagmaKVCacheManager
+from tagma.core.range_manager import RangeKVCacheManager
+from tagma.core.registry import build_kv_cache_manager
+from tests.tagma.twin import BLOCK, full_spec, make_config, manager_kwargs, use_block_object_manager
+
+
+@pytest.fixture(autouse=True)
+def _block_object_manager_with_caching_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    use_block_object_manager(monkeypatch)
+
+
+def test_unsupported_configurations_are_refused() -> None:
+    sw = SlidingWindowSpec(
+        block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=8
+    )
+    mla = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    cases: list[tuple[KVCacheConfig, dict[str, Any], str]] = [
+        (make_config(16, specs=[sw]), {}, "sliding window"),
+        (make_config(16, specs=[mla]), {}, "MLA"),
+        (make_config(16, specs=[full_spec(), sw]), {}, "KV cache groups"),
+        (make_config(16), {"dcp_world_size": 2}, "decode context parallelism"),
+        (make_config(16), {"pcp_world_size": 2}, "prefill context parallelism"),
+        (make_config(16), {"use_eagle": True}, "EAGLE"),
+        (make_config(16), {"num_prefill_lookahead": 2}, "lookahead"),
+    ]
+    for config, extra, feature in cases:
+        with pytest.raises(ValueError, match=f"^tagma: unsupported: .*{feature}"):
+            build_kv_cache_manager(config, **manager_kwargs(**extra))
+
+
+def test_constructor_accepts_vllm_arguments_and_passes_them_through() -> None:
+    config = make_config(16)
+    positional = build_kv_cache_manager(config, 1024, BLOCK, BLOCK, None, True, placement_policy="first_fit")
+    assert positional.policy_name == "first_fit" and positional.enable_caching
+    with pytest.raises(TypeError):
+        build_kv_cache_manager(config, **manager_kwargs(no_such_argument=1))
+
+
+def test_policy_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_PLACEMENT, "best_fit")
+    assert build_kv_cache_manager(make_config(16), **manager_kwargs()).policy_name == "best_fit"
+    chosen = build_kv_cache_manager(make_config(16), placement_policy="first_fit", **manager_kwargs())
+    assert chosen.policy_name == "first_fit"
+    monkeypatch.delenv(ENV_PLACEMENT)
+    assert build_kv_cache_manager(make_config(16), **manager_kwargs()).policy_name == "headroom"
+
+
+def test_block_pool_is_converted_in_place_for_every_holder() -> None:
+    manager = build_kv_cache_manager(make_config(16), **manager_kwargs())
+    pool = manager.block_pool
+    assert isinstance(pool, TagmaBlockPool)
+    assert manager.coordinator.block_pool is pool
+    assert manager.coordinator.single_type_managers[0].block_pool is pool
+    assert all(b.pool is pool for b in pool.blocks)
+    assert pool.free_block_queue.num_free_blocks == 15
+    with pytest.raises(NotImplementedError, match="tagma: unsupported: free_block_queue.popleft"):
+        pool.free_block_queue.popleft()
+    with pytest.raises(NotImplementedError, match="tagma: unsupported"):
+        pool.get_new_blocks(1)  # outside a request's allocation
+
+
+def test_caching_off_builds_the_range_manager_unless_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = make_config(32)
+    off = build_kv_cache_manager(config, **manager_kwargs(enable_caching=False))
+    assert type(off) is RangeKVCacheManager and not off.enable_caching
+    positional = build_kv_cache_manager(config, 1 << 14, 4, 4, None, False)  # enable_caching by position
+    assert type(positional) is RangeKVCacheManager
+    on = build_kv_cache_manager(config, **manager_kwargs(enable_caching=True))
+    assert type(on) is TagmaKVCacheManager
+    monkeypatch.setenv(ENV_RANGE_MANAGER, "0")
+    assert type(build_kv_cache_manager(config, **manager_kwargs(enable_caching=False))) is TagmaKVCacheManager
+    with pytest.raises(ValueError, match="prefix caching off only"):
+        RangeKVCacheManager(config, **manager_kwargs(enable_caching=True))
+
+
+def test_reserve_admission_setting_is_checked() -> None:
+    from tagma.core.manager import reserve_admission
+
+    assert reserve_admission("") == (100, 4) and reserve_admission("75/2") == (75, 2)
+    assert reserve_admission("0") == (0, 1)
+    for bad in ("101", "50/0", "x"):
+        with pytest.raises(ValueError, match=ENV_RESERVE_ADMISSION):
+            reserve_admission(bad)

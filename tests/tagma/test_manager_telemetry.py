@@ -1,0 +1,51 @@
+"""The manager's telemetry: one JSON line per step to the telemetry file, its fields, and nothing written
+without a file."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tagma.contract import ENV_TELEMETRY_FILE, ENV_TELEMETRY_INTERVAL_S
+from tagma.core.registry import build_kv_cache_manager
+from tests.tagma.twin import Twin, make_config, manager_kwargs, use_block_object_manager
+
+
+@pytest.fixture(autouse=True)
+def _block_object_manager_with_caching_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    use_block_object_manager(monkeypatch)
+
+
+def test_telemetry_lines(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    path = tmp_path / "telemetry.jsonl"
+    monkeypatch.setenv(ENV_TELEMETRY_FILE, str(path))
+    monkeypatch.setenv(ENV_TELEMETRY_INTERVAL_S, "0")
+    twin = Twin(num_blocks=32)
+    twin.add("a", list(range(30)))
+    assert twin.admit("a")
+    twin.new_step()
+    twin.new_step()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == 2
+    expected = {
+        "t", "ranges_per_request", "live_requests", "in_place_growths", "new_ranges", "merges", "evictions",
+        "free_blocks", "cached_only_blocks", "used_blocks", "largest_free_range", "external_fragmentation",
+        "num_blocks", "policy", "peak_ranges_per_request", "peak_live_requests",
+    }
+    assert set(lines[-1]) == expected
+    assert lines[-1]["live_requests"] == 1 and lines[-1]["used_blocks"] == 8
+    assert lines[-1]["ranges_per_request"] == {"mean": 1.0, "p99": 1.0, "max": 1}
+    assert lines[-1]["peak_ranges_per_request"] == 1 and lines[-1]["peak_live_requests"] == 1
+    assert lines[-1]["policy"] == "headroom" and lines[-1]["num_blocks"] == 32
+    assert set(twin.tagma.telemetry_snapshot()) == expected
+
+
+def test_telemetry_off_without_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.delenv(ENV_TELEMETRY_FILE, raising=False)
+    monkeypatch.chdir(tmp_path)
+    manager = build_kv_cache_manager(make_config(16), **manager_kwargs())
+    manager.new_step_starts()
+    assert manager.telemetry.path is None
+    assert list(tmp_path.iterdir()) == []
