@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import psutil
@@ -123,3 +124,25 @@ def test_short_soak_holds_every_invariant(tmp_path: Path, tok_dir: Path) -> None
     assert summary["requests"] >= 100
     assert (tmp_path / "soak" / "summary.md").exists()
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
+def test_the_soak_client_reads_a_stream_cuts_it_and_reads_errors() -> None:
+    import aiohttp
+
+    from harness.serve.mock_server import MockConfig, MockServer
+    from harness.soak.client import send
+
+    async def go() -> tuple[ArmReply, ArmReply, ArmReply]:
+        async with MockServer(MockConfig(token_delay_s=0.01)) as srv, aiohttp.ClientSession() as s:
+            body = {"model": "m", "prompt": "hi", "max_tokens": 20, "stream": True,
+                    "stream_options": {"include_usage": True}}  # fmt: skip
+            full = await send(s, srv.url, body, None, 30)
+            cut = await send(s, srv.url, body, 3, 30)
+            srv.config.fail = "http500"
+            bad = await send(s, srv.url, body, None, 30)
+        return full, cut, bad
+
+    full, cut, bad = asyncio.run(go())
+    assert full.status == 200 and full.done and full.chunks == 20 and full.completion_tokens == 20
+    assert cut.aborted and not cut.done and cut.chunks == 3
+    assert bad.status == 500
