@@ -13,7 +13,7 @@ JOBS ?= 2
 
 .PHONY: setup engine tiny-model test test-fast test-cpp sanitize fuzz lint clean bench-cpu bench-cpu-128k \
 	bench-cpu-mooncake bench-gpu bench-host bench-inserver bench-gpu-kernels plots sweep sweep-report slurm-deps \
-	regime-map findings
+	regime-map findings soak
 
 setup: $(SETUP_STAMP) $(ENGINE_LIB)
 
@@ -153,6 +153,14 @@ regime-map: setup tiny-model
 # FINDINGS.md and findings/figures/ from the maps findings/sources.yaml names (no server runs: seconds).
 findings: setup
 	$(PY) -m harness.regime.findings
+
+# The soak (harness/soak/, configs/soak/): both backends up at once on real servers, mixed traffic to both
+# (shared prefixes per tenant, preemption, aborts, limits, bad requests, n > 1), invariants checked as it runs.
+# PROFILE=short (CI, ~3-4 min here) | long (1 h); writes results/soak/<time>-<profile>/summary.{json,md}.
+# Overrides: ARGS="duration_s=600 concurrency=6".
+SOAK_PROFILE = $(if $(filter command line environment,$(origin PROFILE)),$(PROFILE),short)
+soak: setup tiny-model
+	$(PY) -m harness.soak.main --profile $(SOAK_PROFILE) $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check tagma harness tests benchmarks
