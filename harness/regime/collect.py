@@ -39,6 +39,13 @@ def _machine(env: dict[str, Any]) -> dict[str, Any]:
     return {k: env[k] for k in keep if k in env}
 
 
+def _load(job_dir: Path) -> dict[str, float] | None:
+    """The 1-minute load average at the start of the job's segments (mean, max): what ran beside them."""
+    loads = [read_json(p).get("loadavg_before") for p in job_dir.glob("cells/*/runs/*/status.json")]
+    loads = [float(x) for x in loads if x is not None]
+    return {"mean": round(sum(loads) / len(loads), 2), "max": max(loads)} if loads else None
+
+
 def collect(map_dir: Path) -> dict[str, Any]:
     """The map at ``map_dir`` as one record (jobs in the order their folders sort)."""
     jobs = []
@@ -58,6 +65,7 @@ def collect(map_dir: Path) -> dict[str, Any]:
                 "commit": commit,
                 "dirty": (env.get("git") or {}).get("dirty"),
                 "wall_s": wall.get("wall_s"),
+                "load": _load(job_dir),
             }
         )
     if not jobs:

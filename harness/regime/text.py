@@ -5,6 +5,7 @@ every row names its run (``<map id>/<job>``) so it can be traced to the raw resu
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -114,7 +115,7 @@ def _map_table(maps: Sequence[dict[str, Any]], aa: bool) -> list[str]:
     head = (
         "| group | cell | requests x runs | "
         + " | ".join(n for _, n in METRICS)
-        + " | host share paged / tagma | run |"
+        + " | host share baseline / candidate | run |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for _, job, c in ab_cells(maps, aa=aa):
@@ -193,48 +194,64 @@ def forward_floor_ms(model: Mapping[str, Any], gpu: Mapping[str, Any], point: Ma
     return (model["weights_gb"] + kv_gb) / gpu["hbm_tb_s"]  # GB / (TB/s) = ms
 
 
+def _host_cells(g: Mapping[str, Any], maps: Sequence[dict[str, Any]]) -> list[tuple[dict, dict]]:
+    """The projection group's closed cells with host time on both arms: (job, cell)."""
+    return [
+        (job, c)
+        for _, job, c in ab_cells(maps)
+        if c["cell"]["load"] == "closed"
+        and job["group"] == g.get("group")
+        and all((c.get("composition") or {}).values())
+    ]
+
+
+def _nearest(cells: list[tuple[dict, dict]], batch: int) -> tuple[dict, dict]:
+    """The cell whose concurrency is nearest the batch (by ratio), then the longest prompt."""
+    return min(
+        cells,
+        key=lambda jc: (abs(math.log(jc[1]["cell"]["concurrency"] / batch)), -jc[1]["cell"]["prompt_tokens"]),
+    )
+
+
 def _gpu(sources: Mapping[str, Any], maps: Sequence[dict[str, Any]]) -> list[str]:
     g = sources.get("gpu_projection")
     if not g:
         return []
     lines = ["## On a GPU, on paper (a projection, not a measurement)", "", *g.get("preamble", []), ""]
-    chosen = None  # the closed cell of the group with the most concurrency (then the longest prompt)
-    for _, job, c in ab_cells(maps):
-        comp = c.get("composition") or {}
-        if c["cell"]["load"] != "closed" or job["group"] != g.get("group") or not all(comp.values()):
-            continue
-        key = (c["cell"]["concurrency"], c["cell"]["prompt_tokens"])
-        if chosen is None or key > chosen[0]:
-            chosen = (key, job, c)
-    if chosen is None:
+    cells = _host_cells(g, maps)
+    if not cells:
         return [*lines, "No closed cell of the projection's group has host-time data.", ""]
-    _, job, c = chosen
-    paged = c["composition"]["baseline"]["host_us_per_step"]
-    tagma = c["composition"]["candidate"]["host_us_per_step"]
-    lines.append(
-        f"Host CPU per busy step measured here ({job['group']} {_cell_label(c)}, run {job['run_id']}): "
-        f"{c['backends'][0]} {_f(paged)} us, {c['backends'][1]} {_f(tagma)} us (this CPU and this tiny "
-        "model's requests; a GPU server's host CPU is faster, so the shares below are upper bounds)."
-    )
     lines += [
+        "Host CPU per busy step is this machine's, measured in the closed cell of the group whose "
+        "concurrency is nearest the batch (this CPU and this tiny model's requests; a GPU server's host CPU "
+        "is faster, so the shares below are upper bounds).",
         "",
-        "| GPU | context | batch | forward per step (ms) | source | host share paged "
-        "| step ratio tagma/paged, "
-        "async off | async on | host measured in |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| GPU | context | batch | forward per step (ms) | source | host us/step paged / tagma (cell) "
+        "| host share paged | step ratio tagma/paged, async off | async on | host measured in |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for gpu in g.get("gpus", []):
         for point in g.get("points", []):
+            job, c = _nearest(cells, int(point["batch"]))
+            paged = c["composition"]["baseline"]["host_us_per_step"]
+            tagma = c["composition"]["candidate"]["host_us_per_step"]
             fwd_us = forward_floor_ms(g["model"], gpu, point) * 1000
-            share = paged / (paged + fwd_us) if paged is not None else None
-            off = (tagma + fwd_us) / (paged + fwd_us) if paged is not None and tagma is not None else None
-            on = max(tagma, fwd_us) / max(paged, fwd_us) if paged is not None and tagma is not None else None
+            share = paged / (paged + fwd_us)
+            off = (tagma + fwd_us) / (paged + fwd_us)
+            on = max(tagma, fwd_us) / max(paged, fwd_us)
             lines.append(
                 f"| {gpu['name']} | {point['context']} | {point['batch']} | {_f(fwd_us / 1000)} | "
-                f"{gpu['source']}, {gpu['hbm_tb_s']} TB/s | {_pct(share)} | {_f(off, 4)} | {_f(on, 4)} "
-                f"| {job['run_id']} |"
+                f"{gpu['source']}, {gpu['hbm_tb_s']} TB/s | {_f(paged)} / {_f(tagma)} ({c['cell']['name']}) "
+                f"| {_pct(share)} | {_f(off, 4)} | {_f(on, 4)} | {job['run_id']} |"
             )
     return [*lines, "", *g.get("notes", []), ""]
+
+
+def _job_line(job: Mapping[str, Any]) -> str:
+    load = job.get("load")
+    beside = f", load average at its segments' start {load['mean']} (max {load['max']})" if load else ""
+    wall = f"{job['wall_s'] / 60:.0f} min" if job.get("wall_s") else "wall time unknown"
+    return f"{job['run_id']} ({wall}{beside})"
 
 
 def _provenance(sources: Mapping[str, Any]) -> list[str]:
@@ -245,7 +262,7 @@ def _provenance(sources: Mapping[str, Any]) -> list[str]:
             f"- `{name}`: map `{m['map_id']}`, profile `{m['profile']}`, commits "
             f"{', '.join(c[:10] for c in m['commits']) or 'unknown'}, machine {mach.get('cpu')} x"
             f"{mach.get('cpu_count')}, wall time {m['wall_s'] / 60:.0f} min; jobs: "
-            f"{', '.join(j['run_id'] for j in m['jobs'])}."
+            f"{', '.join(_job_line(j) for j in m['jobs'])}."
         )
     return [*lines, ""]
 
