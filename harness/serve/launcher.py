@@ -124,7 +124,14 @@ class Server:
     def start(self) -> None:
         if self.proc is not None:
             raise ServerError("server already started")
-        self.port = self.spec.port if self.spec.port is not None else free_port()
+        if self.spec.port is not None:
+            self.port = self.spec.port
+        else:  # a port the OS just handed out can still fail a plain bind (another socket took it, or one
+            # in TIME_WAIT after heavy client traffic): draw again rather than fail
+            for _ in range(20):
+                self.port = free_port()
+                if port_is_free(self.port):
+                    break
         if not port_is_free(self.port):
             raise ServerError(f"port {self.port} on 127.0.0.1 is already in use")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

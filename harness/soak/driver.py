@@ -30,7 +30,7 @@ from harness.serve.launcher import Server, ServerSpec
 from harness.serve.server_telemetry import last_json_line, parse_prometheus, tree_rss_bytes
 from harness.soak.client import send
 from harness.soak.config import SoakConfig
-from harness.soak.invariants import check_pair
+from harness.soak.invariants import check_pair, outcome
 from harness.soak.plan import TrafficConfig, TrafficPlan
 
 PROBE_PROMPT = [11, 12, 13, 14, 15, 16, 17, 18]
@@ -204,7 +204,7 @@ async def drive(cfg: SoakConfig, plan: TrafficPlan, arms: list[Arm], model: str,
                     )
                     v = check_pair(req, a, b, cfg.tie_tol)
                     tally.sent[req.kind] += 1
-                    tally.statuses[req.kind][f"{a.status}/{b.status}"] += 1
+                    tally.statuses[req.kind][f"{outcome(a)}/{outcome(b)}"] += 1
                     tally.near_ties += v.near_ties
                     tally.compared_tokens += v.compared_tokens
                     for text in v.violations:

@@ -1,7 +1,8 @@
 """The soak's invariants, as pure functions over what the driver recorded (unit-tested without a server).
 
 * per request, both arms: the same HTTP status and error class; no 5xx and no broken stream; a bad request
-  refused with a 4xx; a good one served in full (``n`` choices of ``max_tokens`` tokens); an abort really
+  refused (a 4xx, or a client-error event in a started stream); a good one served in full (``n`` choices of
+  ``max_tokens`` tokens); an abort really
   cut mid-stream; the same greedy (or seeded) tokens, where a divergence counts only if it is not a near-tie
   (the two tokens' logprobs within ``tie_tol`` on the arm that diverged first: float32 sums in another batch
   order may flip such a tie, which says nothing about the KV cache);
@@ -72,6 +73,17 @@ def _served_in_full(r: ArmReply, req: SoakRequest) -> bool:
     )
 
 
+def refused(r: ArmReply) -> bool:
+    """A request the server refused as the client's fault: a 4xx, or (streaming) a 200 whose stream carried
+    a client-error event (vLLM validates some inputs only once the stream has started)."""
+    return 400 <= r.status < 500 or (r.status == 200 and (r.error_type or "").endswith("BadRequestError"))
+
+
+def outcome(r: ArmReply) -> str:
+    """The status a tally counts: ``refused`` for :func:`refused`, else the HTTP status."""
+    return "refused" if refused(r) else str(r.status)
+
+
 def check_pair(req: SoakRequest, a: ArmReply, b: ArmReply, tie_tol: float) -> PairVerdict:
     """Every per-request invariant of one request sent to both arms (a: baseline, b: candidate)."""
     v = PairVerdict()
@@ -82,14 +94,21 @@ def check_pair(req: SoakRequest, a: ArmReply, b: ArmReply, tie_tol: float) -> Pa
             v.violations.append(f"{name} broken stream: {r.error_type}: {r.error[:120]}")
     if (a.status, a.error_type) != (b.status, b.error_type):
         v.violations.append(f"status_mismatch: {a.status} {a.error_type} vs {b.status} {b.error_type}")
-    if req.expect == ERROR and not all(400 <= r.status < 500 for r in (a, b)):
-        v.violations.append(f"bad request not refused with a 4xx: {a.status} / {b.status}")
+    if req.expect == ERROR and not all(refused(r) for r in (a, b)):
+        v.violations.append(f"bad request not refused: {a.status} {a.error_type} / {b.status} {b.error_type}")
     if req.expect == OK and not (_served_in_full(a, req) and _served_in_full(b, req)):
         v.violations.append("good request not served in full")
     if req.expect == ABORT and not (a.aborted and b.aborted):
         v.violations.append(f"abort not cut mid-stream: {a.aborted} / {b.aborted}")
-    if a.status == 200 and b.status == 200:
-        compare_tokens(a, b, prefix_only=req.expect == ABORT, tol=tie_tol, v=v)
+    if a.status == 200 and b.status == 200 and not refused(a) and not refused(b):
+        if req.temperature > 0 and req.seed is None:  # unseeded sampling: only the lengths must agree
+            for i in sorted(set(a.tokens) & set(b.tokens)):
+                if len(a.tokens[i]) != len(b.tokens[i]):
+                    v.violations.append(
+                        f"output_length_mismatch choice {i}: {len(a.tokens[i])} vs {len(b.tokens[i])}"
+                    )
+        else:
+            compare_tokens(a, b, prefix_only=req.expect == ABORT, tol=tie_tol, v=v)
     return v
 
 

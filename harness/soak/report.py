@@ -24,6 +24,7 @@ INVARIANT_OF = {
     "candidate broken stream": "no_crash",
     "good request not served in full": "requests_served",
     "abort not cut mid-stream": "requests_served",
+    "bad request not refused": "errors_match",
 }
 FATAL_LOG = ("EngineDeadError", "Engine core proc", "Fatal Python error", "Segmentation fault", "core dumped")
 
@@ -37,7 +38,7 @@ def _kinds_exercised(plan: TrafficPlan, tally, preemptions: Mapping[str, float],
             missing.append(f"{kind}: never sent")
         elif want and not statuses.get(want):
             missing.append(f"{kind}: never answered 200 on both arms")
-        elif KINDS[kind] == ERROR and not any(s.startswith("4") for s in statuses):
+        elif KINDS[kind] == ERROR and not statuses.get("refused/refused"):
             missing.append(f"{kind}: never refused")
     if cfg.require_preemption:
         missing += [f"{arm}: no preemption" for arm, n in preemptions.items() if not n]

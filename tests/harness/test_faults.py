@@ -44,6 +44,8 @@ def test_paired_server_killed_mid_round_fails_that_round_and_the_next_runs(
         "run.host_time=false",
         f"model.path={tok_dir}",
         "server.max_model_len=2048",
+        "workload.input_len={kind: fixed, value: 200}",
+        "workload.output_len={kind: fixed, value: 64}",
         "server.kv_cache_space_gib=1",
         f"results_dir={tmp_path}",
         "run_id=faults",

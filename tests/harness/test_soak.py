@@ -30,7 +30,7 @@ def test_the_plan_is_seeded_covers_every_kind_first_and_sizes_each_kind() -> Non
     assert len(over.prompt) <= 2048 < len(over.prompt) + over.max_tokens
     assert max(by_kind["invalid_token"].prompt) >= 8000 and by_kind["empty_ids"].prompt == []
     assert by_kind["max_tokens_1"].max_tokens == 1 and by_kind["abort"].abort_after >= 1
-    assert by_kind["n_sampled"].n == 2 and by_kind["n_sampled"].seed is not None
+    assert by_kind["n_sampled"].n == 2 and by_kind["n_sampled"].seed is None  # unseeded: see plan.KINDS
     prefix = [plan.request(i) for i in range(2000) if plan.request(i).kind == "shared_prefix"]
     same = [r for r in prefix if r.tenant == prefix[0].tenant]
     assert len(same) > 1 and same[0].prompt[:448] == same[1].prompt[:448]
@@ -71,7 +71,7 @@ def test_bad_requests_must_get_the_same_4xx_and_class_on_both_arms() -> None:
     v = check_pair(req, bad, ArmReply(status=500, error_type="InternalServerError"), 1e-3).violations
     assert any(x.startswith("status_mismatch") for x in v) and any("5xx" in x for x in v)
     v = check_pair(req, _ok([1]), _ok([1]), 1e-3).violations
-    assert "bad request not refused with a 4xx: 200 / 200" in v
+    assert "bad request not refused: 200 None / 200 None" in v
     assert error_class(b'{"error": {"message": "m", "type": "BadRequestError", "code": 400}}') == (
         "BadRequestError",
         "m",
