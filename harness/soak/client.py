@@ -103,10 +103,12 @@ async def send(
                         reply.done = True
                         continue
                     _apply(json.loads(payload), reply)
-                if abort_after is not None and reply.chunks >= abort_after and not reply.done:
-                    reply.aborted = True
-                    resp.close()  # drop the connection: the server sees the client go away
-                    return reply
+                    # checked per event: a read can hold many events, and the cut must come after exactly
+                    # abort_after chunks even when the client reads late
+                    if abort_after is not None and reply.chunks >= abort_after and not reply.done:
+                        reply.aborted = True
+                        resp.close()  # drop the connection: the server sees the client go away
+                        return reply
     except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as e:
         reply.error_type = reply.error_type or type(e).__name__
         reply.error = reply.error or f"{type(e).__name__}: {e}"
