@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,25 +31,6 @@ from tests.tagma.engine_helpers import EngineFactory, expect_error
 from tests.tagma.reference_engine import DUPLICATE_STATUSES, NULL_BLOCK_STATUSES
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def make_engine() -> Iterator[EngineFactory]:
-    engines: list[RangeEngine] = []
-
-    def factory(num_blocks: int = 32, align: int = 1, policy: Policy | str = Policy.BEST_FIT) -> RangeEngine:
-        eng = RangeEngine(num_blocks, align=align, policy=policy)
-        engines.append(eng)
-        return eng
-
-    yield factory
-    for eng in engines:
-        eng.close()
-
-
-@pytest.fixture
-def eng(make_engine: EngineFactory) -> RangeEngine:
-    return make_engine()
 
 
 # ------------------------------------------------------------------------------------------ the library

@@ -3,8 +3,6 @@ against the paged reference and its errors, and slot mapping over an engine's ow
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 
@@ -13,7 +11,6 @@ from tagma.engine import (
     CoordLayout,
     InvalidArgumentError,
     OutOfRangeError,
-    Policy,
     RangeEngine,
     TagmaError,
     TagmaOverflowError,
@@ -21,27 +18,7 @@ from tagma.engine import (
     slot_mapping_paged,
     slot_mapping_ranges,
 )
-from tests.tagma.engine_helpers import EngineFactory, paged_reference
-
-
-@pytest.fixture
-def make_engine() -> Iterator[EngineFactory]:
-    engines: list[RangeEngine] = []
-
-    def factory(num_blocks: int = 32, align: int = 1, policy: Policy | str = Policy.BEST_FIT) -> RangeEngine:
-        eng = RangeEngine(num_blocks, align=align, policy=policy)
-        engines.append(eng)
-        return eng
-
-    yield factory
-    for eng in engines:
-        eng.close()
-
-
-@pytest.fixture
-def eng(make_engine: EngineFactory) -> RangeEngine:
-    return make_engine()
-
+from tests.tagma.engine_helpers import paged_reference
 
 # ------------------------------------------------------------------------------------- pure functions
 
