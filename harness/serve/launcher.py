@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -124,6 +125,7 @@ class Server:
     def start(self) -> None:
         if self.proc is not None:
             raise ServerError("server already started")
+        stop_servers_on_sigterm()
         if self.spec.port is not None:
             self.port = self.spec.port
         else:  # a port the OS just handed out can still fail a plain bind (another socket took it, or one
@@ -220,3 +222,19 @@ class Server:
 def _stop_all() -> None:
     for server in list(_LIVE):
         server.stop(grace_s=5.0)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def stop_servers_on_sigterm() -> None:
+    """Make SIGTERM (a scheduler's cancel, `kill`, a session's end) unwind the process like Ctrl-C does, so
+    every ``with`` block, ``finally`` and the atexit hook above stop the servers: by default SIGTERM ends
+    Python without running them, and the servers' sessions outlive it. Only from the main thread, and only
+    where nobody installed a handler of their own."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) in (
+        signal.SIG_DFL,
+        None,
+    ):
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -56,3 +56,41 @@ def test_bad_model_path_fails_fast_with_the_log_and_no_orphans(tmp_path: Path) -
         server.start()
     assert "no-such-model" in str(err.value)
     assert _descendants() == before
+
+
+SIGTERM_SCRIPT = """
+import subprocess, sys, time
+from pathlib import Path
+from harness.serve import launcher
+
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+server = launcher.Server(launcher.ServerSpec(model="unused"), Path(sys.argv[1]))
+launcher.stop_servers_on_sigterm()  # what Server.start() does first
+server.proc = child  # a started server's process group, as start() leaves it
+launcher._LIVE.add(server)
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_sigterm_to_the_harness_stops_its_servers(tmp_path: Path) -> None:
+    """A harness process ended by SIGTERM (a scheduler's cancel, a session's end) still stops its servers:
+    without the handler Python dies without running atexit and the server's session outlives it."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_SCRIPT, str(tmp_path / "server.log")],
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline())
+        assert psutil.pid_exists(child)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        psutil.wait_procs([psutil.Process(child)] if psutil.pid_exists(child) else [], timeout=10)
+        assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    finally:
+        proc.kill()

@@ -71,3 +71,36 @@ def test_host_smoke_multirun_through_slurm_matches_local(slurm: LocalSlurm, tmp_
     # Hydra's sweep folders: multirun.yaml and each job's log, the same either way.
     sweeps = [tree_structure(tmp_path / c / "sweep").keys() for c in ("slurm", "local")]
     assert sweeps[0] == sweeps[1] and {"multirun.yaml", "0/main.log", "1/main.log"} <= sweeps[0]
+
+
+def _without_pids(tree: dict[str, set[str] | None]) -> dict[str, set[str] | None]:
+    """A map's structure with the server processes' pids taken out of file names (host_time.<role>.<pid>)."""
+    return {re.sub(r"\.\d+\.jsonl$", ".<pid>.jsonl", path): keys for path, keys in tree.items()}
+
+
+@pytest.mark.slow
+def test_regime_smoke_cells_through_slurm_match_local(slurm: LocalSlurm, tmp_path: Path) -> None:
+    """The regime map's smoke group (one server lifetime per arm) as a SLURM job and as a local one: the same
+    map folder structure (lifetimes, cells' runs, group summary, host-time files)."""
+    for cluster in ("slurm", "local"):
+        launcher = slurm_overrides(slurm.partition, timeout_min=20) if cluster == "slurm" else []
+        overrides = [
+            "regime=smoke",
+            "regime.repeats=1",
+            "map_id=ci-slurm",
+            f"map_dir={tmp_path / cluster / 'map'}",
+        ]
+        try:
+            run_multirun(
+                "harness.regime.main", overrides, cluster=cluster, sweep_dir=tmp_path / cluster / "sweep",
+                launcher_overrides=launcher, env=slurm.env if cluster == "slurm" else None, timeout_s=1200,
+            )  # fmt: skip
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{slurm.logs() if cluster == 'slurm' else ''}") from None
+    assert_ran_on_slurm(slurm, tmp_path / "slurm" / "sweep", jobs=1)
+    on_slurm, local = (_without_pids(tree_structure(tmp_path / c / "map")) for c in ("slurm", "local"))
+    assert (
+        "prefix-on/group_summary.json" in local
+        and "prefix-on/cells/mooncake/runs/01-candidate-tagma/status.json" in local
+    )
+    assert on_slurm == local
