@@ -39,7 +39,9 @@ class SoakConfig:
     rss_warmup_frac: float = 0.3
     rss_max_growth_mib: float = 64.0
     tie_tol: float = 1e-3  # logprob gap under which a greedy divergence is a near-tie
-    require_preemption: bool = True
+    # "each": every arm must preempt; "any": at least one (a short run: which arm crosses the pool first is
+    # timing); "none": not checked
+    require_preemption: str = "each"
     traffic: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -47,6 +49,8 @@ class SoakConfig:
             raise ValueError("duration_s, concurrency and max_requests must be positive")
         if len(self.backends) != 2 or not set(self.backends) <= set(BACKENDS):
             raise ValueError(f"backends must be two of {BACKENDS}, got {self.backends}")
+        if self.require_preemption not in ("each", "any", "none"):
+            raise ValueError(f"require_preemption must be each, any or none, got {self.require_preemption!r}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SoakConfig:

@@ -40,8 +40,10 @@ def _kinds_exercised(plan: TrafficPlan, tally, preemptions: Mapping[str, float],
             missing.append(f"{kind}: never answered 200 on both arms")
         elif KINDS[kind] == ERROR and not statuses.get("refused/refused"):
             missing.append(f"{kind}: never refused")
-    if cfg.require_preemption:
+    if cfg.require_preemption == "each":
         missing += [f"{arm}: no preemption" for arm, n in preemptions.items() if not n]
+    elif cfg.require_preemption == "any" and not any(preemptions.values()):
+        missing.append("no preemption on either arm")
     return {
         "ok": not missing,
         "missing": missing,
