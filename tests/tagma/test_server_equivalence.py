@@ -40,7 +40,7 @@ import pytest
 from harness.serve.launcher import Server, ServerSpec
 from harness.serve.server_telemetry import parse_prometheus
 from harness.workload import sharegpt_file as sharegpt
-from tagma.contract import ENV_TELEMETRY_FILE, ENV_TELEMETRY_INTERVAL_S
+from tagma.contract import ENV_PREFIX_EVICTION, ENV_TELEMETRY_FILE, ENV_TELEMETRY_INTERVAL_S
 
 pytestmark = pytest.mark.slow
 
@@ -426,10 +426,17 @@ def test_concurrent_decode_grows_in_place_on_a_warm_pool_without_prefix_cache(
     _assert_decode_grows_in_place(tagma_without_prefix_cache, "warm")
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="exact LRU is the default eviction (contiguous eviction lost up to 26.5 hit-rate points on the "
+    "trace family, tests/benchmarks/test_trace_family.py): on a cycled, prefix-cached pool LRU's victims "
+    "decide where decode growth lands; the fresh-clone CI run measured 3 in-place growths vs 161 new "
+    f"ranges, p99 9 ranges per request ({ENV_PREFIX_EVICTION}=contiguous grows in place)",
+)
 def test_concurrent_decode_grows_in_place_on_a_warm_prefix_cached_pool(runs: dict[str, Run]) -> None:
-    """With prefix caching on and the pool cycled, tagma's default eviction treats cached blocks as space:
-    a request's growth hint (prompt + max_tokens) places its range where the hint fits (over the chain end
-    LRU evicts next), and it grows in place over the cached blocks after it."""
+    """With prefix caching on and the pool cycled, decode growth stays in place: what contiguous eviction
+    gives (a request's growth hint places its range over the chain end LRU evicts next); the default's
+    exact LRU does not (see the mark)."""
     _assert_decode_grows_in_place(runs["tagma"], "warm")
 
 
