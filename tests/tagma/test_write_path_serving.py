@@ -17,7 +17,6 @@ pytest.importorskip("vllm")
 
 from vllm.platforms import current_platform  # noqa: E402
 from vllm.utils.cpu_triton_utils import _compute_slot_mapping_kernel_impl  # noqa: E402
-from vllm.v1.utils import CpuGpuBuffer  # noqa: E402
 from vllm.v1.worker.block_table import BlockTable  # noqa: E402
 
 from tagma import engine  # noqa: E402
@@ -30,6 +29,7 @@ from tests.tagma.write_path_tables import (  # noqa: E402
     BlockIds,
     has_vllm_cpu_op,
     make_table,
+    sized_table,
 )
 
 
@@ -56,22 +56,6 @@ def op_slot_mapping(
         engine.slot_mapping_paged(dense.numpy()[:num_reqs], table.num_blocks_per_row[:num_reqs], qsl.numpy(),
                                   positions.numpy(), block_size, out=out.numpy(), out_len=max_tokens)
     return out.numpy()
-
-
-def sized_table(cls: type[BlockTable], block_size: int, rows: int, width: int, max_tokens: int) -> BlockTable:
-    table = cls(
-        block_size=block_size,
-        max_num_reqs=rows,
-        max_num_blocks_per_req=width,
-        max_num_batched_tokens=max_tokens,
-        pin_memory=False,
-        device=torch.device("cpu"),
-        cp_kv_cache_interleave_size=1,
-    )
-    for value in vars(table).values():
-        if isinstance(value, CpuGpuBuffer):
-            value.gpu = value.cpu
-    return table
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -18,12 +18,12 @@ def has_vllm_cpu_op() -> bool:
     return hasattr(torch.ops._C, "compute_slot_mapping_kernel_impl")
 
 
-def make_table(cls: type[BlockTable]) -> BlockTable:
+def sized_table(cls: type[BlockTable], block_size: int, rows: int, width: int, max_tokens: int) -> BlockTable:
     table = cls(
-        block_size=BLOCK_SIZE,
-        max_num_reqs=MAX_REQS,
-        max_num_blocks_per_req=MAX_BLOCKS,
-        max_num_batched_tokens=MAX_TOKENS,
+        block_size=block_size,
+        max_num_reqs=rows,
+        max_num_blocks_per_req=width,
+        max_num_batched_tokens=max_tokens,
         pin_memory=False,
         device=torch.device("cpu"),
         cp_kv_cache_interleave_size=1,
@@ -33,6 +33,10 @@ def make_table(cls: type[BlockTable]) -> BlockTable:
         if isinstance(value, CpuGpuBuffer):
             value.gpu = value.cpu
     return table
+
+
+def make_table(cls: type[BlockTable]) -> BlockTable:
+    return sized_table(cls, BLOCK_SIZE, MAX_REQS, MAX_BLOCKS, MAX_TOKENS)
 
 
 class BlockIds:
