@@ -186,12 +186,24 @@ def encode_body(model: str, req: RequestLike, config: ClientConfig) -> bytes:
     return json.dumps(body).encode()
 
 
+# vLLM's HTTP server closes a connection that has been idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default);
+# aiohttp keeps idle connections for 15 s. A request sent on a connection the server is closing at that moment
+# fails before any byte comes back (ClientOSError, connection reset), a failure of the client, not the server:
+# the short soak met it in CI when one arm's connection idled while the other arm finished. Ours go first.
+CLIENT_KEEPALIVE_S = 2.0
+
+
+def make_connector() -> aiohttp.TCPConnector:
+    """No connection cap (total or per host); idle connections dropped before the server would drop them."""
+    return aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=CLIENT_KEEPALIVE_S)
+
+
 def make_session(config: ClientConfig | None = None) -> aiohttp.ClientSession:
-    """A session with no connection cap (total or per host) and a large read buffer.
+    """A session on `make_connector` with a large read buffer.
 
     Per-request timeouts are passed on each request."""
     config = config or ClientConfig()
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+    connector = make_connector()
     return aiohttp.ClientSession(
         connector=connector,
         read_bufsize=config.read_bufsize,

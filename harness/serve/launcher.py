@@ -35,11 +35,18 @@ OFFLINE_ENV = {
     "DO_NOT_TRACK": "1",
 }
 _KV_CAPACITY = re.compile(r"KV cache size: ([\d,]+) tokens")
+_ADDRESS_IN_USE = re.compile(r"address already in use|Errno 98\b", re.IGNORECASE)
+PORT_ATTEMPTS = 5  # start-ups on fresh ports when the one drawn was taken before the server bound it
 _LIVE: set[Server] = set()
 
 
 class ServerError(RuntimeError):
-    """The server could not be started or died; the message carries the reason and the log's tail."""
+    """The server could not be started or died; the message carries the reason and the log's tail.
+    ``port_taken``: it died at start-up because an address it binds was in use."""
+
+    def __init__(self, message: str, port_taken: bool = False) -> None:
+        super().__init__(message)
+        self.port_taken = port_taken
 
 
 @dataclass(frozen=True)
@@ -123,19 +130,33 @@ class Server:
         self.stop()
 
     def start(self) -> None:
+        """Spawn the server and wait until it is healthy. With no fixed port, a port another process took
+        between our check and the server's bind (a second server starting beside this one draws its own
+        internal ports) is not an error: the start is tried again on a fresh port."""
         if self.proc is not None:
             raise ServerError("server already started")
         stop_servers_on_sigterm()
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self.port = self._pick_port()
+            try:
+                self._spawn_and_wait()
+                return
+            except ServerError as e:
+                if self.spec.port is not None or not e.port_taken or attempt == PORT_ATTEMPTS:
+                    raise
+
+    def _pick_port(self) -> int:
         if self.spec.port is not None:
-            self.port = self.spec.port
-        else:  # a port the OS just handed out can still fail a plain bind (another socket took it, or one
-            # in TIME_WAIT after heavy client traffic): draw again rather than fail
-            for _ in range(20):
-                self.port = free_port()
-                if port_is_free(self.port):
-                    break
-        if not port_is_free(self.port):
-            raise ServerError(f"port {self.port} on 127.0.0.1 is already in use")
+            if not port_is_free(self.spec.port):
+                raise ServerError(f"port {self.spec.port} on 127.0.0.1 is already in use")
+            return self.spec.port
+        for _ in range(20):  # a port the OS just handed out can still fail a plain bind: draw again
+            port = free_port()
+            if port_is_free(port):
+                return port
+        raise ServerError("no free port on 127.0.0.1 after 20 draws")
+
+    def _spawn_and_wait(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
@@ -161,7 +182,11 @@ class Server:
         while True:
             code = self.proc.poll()
             if code is not None:
-                raise ServerError(f"server exited with code {code} during start-up\n{self.log_tail()}")
+                log = self.log_text()
+                raise ServerError(
+                    f"server exited with code {code} during start-up\n{self.log_tail()}",
+                    port_taken=bool(_ADDRESS_IN_USE.search(log)),
+                )
             if self.healthy():
                 return
             if time.monotonic() - t0 > self.spec.startup_timeout_s:

@@ -111,7 +111,8 @@ async def send(
                         return reply
     except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as e:
         reply.error_type = reply.error_type or type(e).__name__
-        reply.error = reply.error or f"{type(e).__name__}: {e}"
+        where = f"after {reply.chunks} chunks" if reply.status == 200 else "before a response"
+        reply.error = reply.error or f"{type(e).__name__} {where}: {e}"
         if reply.status == 200:
             reply.status = TRANSPORT  # a broken stream is not a success
     return reply

@@ -25,6 +25,7 @@ import aiohttp
 import psutil
 
 import tagma.contract as contract
+from harness.client import make_connector
 from harness.config import ARM_NAMES
 from harness.serve.launcher import Server, ServerSpec
 from harness.serve.server_telemetry import last_json_line, parse_prometheus, tree_rss_bytes
@@ -187,7 +188,7 @@ async def drive(cfg: SoakConfig, plan: TrafficPlan, arms: list[Arm], model: str,
     deadline = time.monotonic() + cfg.duration_s
     stop = asyncio.Event()
     with open(log_path, "w", encoding="utf-8") as log:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async with aiohttp.ClientSession(connector=make_connector()) as session:
 
             async def worker() -> None:
                 while time.monotonic() < deadline and not stop.is_set():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -33,8 +34,9 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
-async def _run(cfg: MockConfig, reqs: list[Req], offsets: list[float], **kw: Any) -> tuple[
-        list[RequestResult], float, MockServer]:
+async def _run(
+    cfg: MockConfig, reqs: list[Req], offsets: list[float], **kw: Any
+) -> tuple[list[RequestResult], float, MockServer]:
     async with MockServer(cfg) as srv:
         results, dur = await run_requests(srv.url, "mock", reqs, offsets, **kw)
     return results, dur, srv
@@ -48,8 +50,15 @@ def test_completions_url() -> None:
 def test_streaming_parse_and_usage_tokens() -> None:
     cfg = MockConfig(tokens_per_chunk=3, prompt_tokens=123, token_delay_s=0.005)
     seen: list[int] = []
-    results, _, srv = run(_run(cfg, [Req(0, max_tokens=10)], [0.0], config=ClientConfig(keep_text=True),
-                               progress=lambda r: seen.append(r.index)))
+    results, _, srv = run(
+        _run(
+            cfg,
+            [Req(0, max_tokens=10)],
+            [0.0],
+            config=ClientConfig(keep_text=True),
+            progress=lambda r: seen.append(r.index),
+        )
+    )
     r = results[0]
     assert r.success, r.error
     assert (r.prompt_tokens, r.completion_tokens) == (123, 10)  # from usage, not from chunks
@@ -93,8 +102,11 @@ def test_cancelled_run_leaves_no_dispatcher_thread() -> None:
 
 
 def test_empty_deltas_still_count_as_token_chunks() -> None:
-    results, _, _ = run(_run(MockConfig(text_per_token=""), [Req(0, max_tokens=5)], [0.0],
-                             config=ClientConfig(keep_text=True)))
+    results, _, _ = run(
+        _run(
+            MockConfig(text_per_token=""), [Req(0, max_tokens=5)], [0.0], config=ClientConfig(keep_text=True)
+        )
+    )
     r = results[0]
     assert r.success and r.text == ""
     assert len(r.chunk_times) == 5 and r.completion_tokens == 5
@@ -139,8 +151,12 @@ def test_open_loop_sends_on_schedule_while_others_are_in_flight() -> None:
 
 
 def test_failure_reasons_are_recorded_and_do_not_abort_the_run() -> None:
-    cfg = MockConfig(fail_for=lambda n, body: {1: "http500", 3: "close_mid_stream", 4: "no_usage",
-                                               5: "error_event"}.get(n), token_delay_s=0.005)
+    cfg = MockConfig(
+        fail_for=lambda n, body: {1: "http500", 3: "close_mid_stream", 4: "no_usage", 5: "error_event"}.get(
+            n
+        ),
+        token_delay_s=0.005,
+    )
     reqs = [Req(i, max_tokens=6) for i in range(6)]
     results, _, _ = run(_run(cfg, reqs, [0.0] * 6, max_concurrency=1))
     kinds = [r.error_kind for r in results]
@@ -261,6 +277,7 @@ def test_sse_parse_is_independent_of_read_boundaries(cuts: list[int], crlf: bool
 
 def test_events_in_one_read_are_one_itl_gap() -> None:
     """Two token events delivered by one network read share an arrival time and count as one ITL gap."""
+
     def ev(text: str) -> bytes:
         return b"data: " + json.dumps({"choices": [{"index": 0, "text": text}]}).encode() + b"\n\n"
 
@@ -272,3 +289,42 @@ def test_events_in_one_read_are_one_itl_gap() -> None:
     assert len(res.chunk_times) == 4 and res.chunk_times[1] == res.chunk_times[2]
     assert len(res.itl) == 2 and all(g > 0 for g in res.itl)
     assert sum(res.itl) == pytest.approx(res.chunk_times[-1] - res.chunk_times[0])
+
+
+def test_client_drops_idle_connections_before_vllms_server_does() -> None:
+    """vLLM's server closes idle connections after VLLM_HTTP_TIMEOUT_KEEP_ALIVE; a client that reuses one
+    at that moment loses the request. Ours must give up an idle connection sooner."""
+    import vllm.envs
+
+    from harness.client import CLIENT_KEEPALIVE_S
+
+    assert 0 < CLIENT_KEEPALIVE_S <= vllm.envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE / 2
+
+
+def test_an_idle_connection_is_reused_soon_and_not_after_the_keepalive() -> None:
+    from harness.client import CLIENT_KEEPALIVE_S, make_session
+
+    async def scenario() -> list[int]:
+        opened: list[int] = []
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            opened.append(1)
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                while True:  # HTTP/1.1 keep-alive: answer every request on this connection until it closes
+                    await reader.readuntil(b"\r\n\r\n")
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok")
+                    await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+        seen = []
+        async with server, make_session() as session:
+            for pause in (0.0, 0.2, CLIENT_KEEPALIVE_S + 0.5):
+                await asyncio.sleep(pause)
+                async with session.get(url) as r:
+                    assert await r.read() == b"ok"
+                seen.append(len(opened))
+        return seen
+
+    assert asyncio.run(scenario()) == [1, 1, 2]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
+from harness.serve import launcher
 from harness.serve.launcher import Server, ServerError, ServerSpec, server_command
 
 
@@ -94,3 +97,77 @@ def test_sigterm_to_the_harness_stops_its_servers(tmp_path: Path) -> None:
         assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
     finally:
         proc.kill()
+
+
+FAKE_SERVER = """
+import http.server, sys
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+if sys.argv[2] == "fail":
+    sys.exit("model failed to load")
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()  # OSError: [Errno 98] ...
+"""
+
+
+def _fake_servers(monkeypatch: pytest.MonkeyPatch, ports: list[int], mode: str = "serve") -> list[int]:
+    """Make Server spawn a tiny HTTP server (a real bind, a real /health) on the drawn ports in turn, and
+    report every check as free, so a port that is taken reaches the bind the way the race does."""
+    spawned: list[int] = []
+    draws = iter(ports)
+    monkeypatch.setattr(launcher, "free_port", lambda: next(draws))
+    monkeypatch.setattr(launcher, "port_is_free", lambda port: True)
+
+    def command(spec: ServerSpec, port: int) -> list[str]:
+        spawned.append(port)
+        return [sys.executable, "-c", FAKE_SERVER, str(port), mode]
+
+    monkeypatch.setattr(launcher, "server_command", command)
+    return spawned
+
+
+def _taken_port(stack: contextlib.ExitStack) -> int:
+    s = stack.enter_context(socket.socket())
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return int(s.getsockname()[1])
+
+
+def test_a_port_taken_before_the_server_binds_it_is_redrawn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with contextlib.ExitStack() as stack:
+        taken, fresh = _taken_port(stack), launcher.free_port()
+        spawned = _fake_servers(monkeypatch, [taken, fresh])
+        with Server(ServerSpec(model="m", startup_timeout_s=30), tmp_path / "server.log") as server:
+            assert spawned == [taken, fresh]
+            assert server.port == fresh and server.healthy()
+        assert not server.alive()
+
+
+def test_a_fixed_port_taken_at_bind_is_an_error_not_a_redraw(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with contextlib.ExitStack() as stack:
+        taken = _taken_port(stack)
+        spawned = _fake_servers(monkeypatch, [])
+        server = Server(ServerSpec(model="m", port=taken, startup_timeout_s=30), tmp_path / "server.log")
+        with pytest.raises(ServerError, match="Address already in use") as err:
+            server.start()
+        assert err.value.port_taken and spawned == [taken]
+
+
+def test_a_start_up_failure_of_another_kind_is_not_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spawned = _fake_servers(monkeypatch, [launcher.free_port(), launcher.free_port()], mode="fail")
+    server = Server(ServerSpec(model="m", startup_timeout_s=30), tmp_path / "server.log")
+    with pytest.raises(ServerError, match="model failed to load") as err:
+        server.start()
+    assert not err.value.port_taken and len(spawned) == 1
