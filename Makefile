@@ -12,7 +12,7 @@ CSRC := $(wildcard tagma/csrc/*.h tagma/csrc/*.cpp tagma/csrc/*.map tagma/csrc/C
 JOBS ?= 2
 
 .PHONY: setup engine tiny-model test test-fast test-cpp sanitize fuzz lint clean bench-cpu bench-cpu-128k \
-	bench-cpu-mooncake bench-gpu bench-host bench-inserver bench-gpu-kernels plots sweep sweep-report slurm-deps \
+	bench-cpu-mooncake bench-gpu bench-host bench-inserver bench-gpu-kernels bench-gpu-step plots sweep sweep-report slurm-deps \
 	regime-map findings soak
 
 setup: $(SETUP_STAMP) $(ENGINE_LIB)
@@ -99,9 +99,13 @@ KERNEL_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 bench-gpu-kernels:
 	$(KERNEL_PY) -m benchmarks.gpu $(KARGS)
 
+# A Llama-3.1-8B decode step (random weights, CUDA graph) at the GPU projection's points: FINDINGS.md's forward.
+bench-gpu-step:
+	$(KERNEL_PY) -m benchmarks.gpu.decode_step $(SARGS)
+
 # The GPU profile: kernel pairs, then a real model by path, 16K then 128K at full size.
 # make bench-gpu MODEL=/path/to/checkpoint
-bench-gpu: setup bench-gpu-kernels
+bench-gpu: setup bench-gpu-kernels bench-gpu-step
 	$(PY) -m harness.serve.gpu_check
 	@test -n "$(MODEL)" || { echo "bench-gpu: give the checkpoint directory, MODEL=/path/to/model"; exit 2; }
 	$(PY) -m harness.main model=llama31_8b_gpu model.path=$(MODEL) server=gpu workload=sharegpt_16k $(ARGS)

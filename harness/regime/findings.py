@@ -1,7 +1,9 @@
 """`python -m harness.regime.findings` (make findings): FINDINGS.md and its figures from the maps it names.
 
 The sources are ``findings/sources.yaml``: the collected maps (``findings/maps/<map id>.json``, written by
-:mod:`harness.regime.collect`) and the GPU projection's published inputs. Every number in the document is
+:mod:`harness.regime.collect`), the GPU projection's published inputs, and the GPU runs (``findings/gpu/``,
+copied from ``results/gpu/`` of a run on a GPU: ``python -m benchmarks.gpu.decode_step``, ``python -m
+benchmarks.gpu``). Every number in the document is
 read from those files, and every table row names the run it came from (``<map id>/<job>``, its runs, the
 commit and the machine), so the document can be checked against them line by line.
 """
@@ -17,9 +19,10 @@ import yaml
 from harness.files import read_json, write_text_atomic
 from harness.regime.collect import REPO, structure_problems
 from harness.regime.figures import write_figures
+from harness.regime.gpu_text import gpu_run_problems
 from harness.regime.text import document
 
-__all__ = ["load_sources", "main", "render", "untraced_rows"]
+__all__ = ["load_sources", "main", "render", "run_ids", "untraced_rows"]
 
 SOURCES = REPO / "findings" / "sources.yaml"
 
@@ -32,18 +35,28 @@ def load_sources(path: Path = SOURCES) -> dict[str, Any]:
     for m, name in zip(maps, spec.get("maps") or (), strict=True):
         if problems := structure_problems(m):
             raise ValueError(f"{name}: " + "; ".join(problems[:5]))
-    return {**spec, "maps": maps, "map_files": list(spec.get("maps") or ())}
+    gpu_runs = {name: read_json(base / f) for name, f in (spec.get("gpu_runs") or {}).items()}
+    if problems := [p for name, run in gpu_runs.items() for p in gpu_run_problems(name, run)]:
+        raise ValueError("; ".join(problems))
+    return {**spec, "maps": maps, "map_files": list(spec.get("maps") or ()), "gpu_runs": gpu_runs}
 
 
-def untraced_rows(document: str, maps: list[dict[str, Any]]) -> list[str]:
-    """The table rows of ``document`` that hold a number but name none of the maps' runs (``<map>/<job>``):
-    every measured number must trace to a named run."""
-    run_ids = {job["run_id"] for m in maps for job in m["jobs"]}
+def run_ids(sources: dict[str, Any]) -> set[str]:
+    """Every run a row may name: the maps' jobs and the GPU runs."""
+    return {job["run_id"] for m in sources["maps"] for job in m["jobs"]} | {
+        run["run_id"] for run in (sources.get("gpu_runs") or {}).values()
+    }
+
+
+def untraced_rows(document: str, sources: dict[str, Any]) -> list[str]:
+    """The table rows of ``document`` that hold a number but name none of the sources' runs (``<map>/<job>``,
+    a GPU run id): every measured number must trace to a named run."""
+    ids = run_ids(sources)
     rows = [
         line for line in document.splitlines() if line.startswith("| ") and not line.startswith("| group")
     ]
-    rows = [r for r in rows if not r.startswith("| GPU |") and any(ch.isdigit() for ch in r)]
-    return [r for r in rows if not any(f"| {rid} |" in r for rid in run_ids)]
+    rows = [r for r in rows if not r.startswith(("| GPU |", "| kernel |")) and any(ch.isdigit() for ch in r)]
+    return [r for r in rows if not any(f"| {rid} |" in r for rid in ids)]
 
 
 def render(sources: dict[str, Any], out: Path, figures_dir: Path) -> Path:

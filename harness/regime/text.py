@@ -1,15 +1,18 @@
 """FINDINGS.md's text from the collected maps: the answer first, then the map, its calibration, where a step
-goes, predicted against measured, and a GPU projection on paper. Every number is read from a map record;
-every row names its run (``<map id>/<job>``) so it can be traced to the raw results and the commit."""
+goes, predicted against measured, then the GPU sections (:mod:`harness.regime.gpu_text`). Every number is read
+from a map record or a GPU run; every row names its run (``<map id>/<job>``, a GPU run id) so it can be traced
+to the raw results and the commit."""
 
 from __future__ import annotations
 
 import datetime as dt
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.regime.figures import ab_cells
+from harness.regime.gpu_text import fmt as _f
+from harness.regime.gpu_text import gpu_answer, gpu_kernels, gpu_projection
+from harness.regime.gpu_text import pct as _pct
 
 __all__ = ["document", "fmt_metric", "headline"]
 
@@ -22,14 +25,6 @@ METRICS = (
 )
 SUPPORTED = ("faster", "slower", "higher", "lower")
 PARTS = ("kv_manager", "schedule_other", "update_other", "worker_prepare", "forward")
-
-
-def _f(x: float | None, digits: int = 3) -> str:
-    return "n/a" if x is None else f"{x:.{digits}g}"
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.0%}"
 
 
 def fmt_metric(row: Mapping[str, Any] | None) -> str:
@@ -76,7 +71,7 @@ def headline(maps: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _answer(maps: Sequence[dict[str, Any]]) -> list[str]:
+def _answer(maps: Sequence[dict[str, Any]], sources: Mapping[str, Any]) -> list[str]:
     h = headline(maps)
     lines = ["## The answer", ""]
     counts = ", ".join(f"{n} {v}" for v, n in sorted(h["verdicts"].items()))
@@ -108,7 +103,7 @@ def _answer(maps: Sequence[dict[str, Any]]) -> list[str]:
         lines.append(
             "- Calibration: these maps ran no A/A; the MDEs rest on the A/B cells' own run-to-run spread."
         )
-    return [*lines, ""]
+    return [*lines, *gpu_answer(sources), ""]
 
 
 def _map_table(maps: Sequence[dict[str, Any]], aa: bool) -> list[str]:
@@ -187,66 +182,6 @@ def _aa_host(maps: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def forward_floor_ms(model: Mapping[str, Any], gpu: Mapping[str, Any], point: Mapping[str, Any]) -> float:
-    """A decode step's memory-bandwidth floor: the weights and the batch's KV cache read once at peak HBM
-    bandwidth (ms)."""
-    kv_gb = point["batch"] * point["context"] * model["kv_bytes_per_token"] / 1e9
-    return (model["weights_gb"] + kv_gb) / gpu["hbm_tb_s"]  # GB / (TB/s) = ms
-
-
-def _host_cells(g: Mapping[str, Any], maps: Sequence[dict[str, Any]]) -> list[tuple[dict, dict]]:
-    """The projection group's closed cells with host time on both arms: (job, cell)."""
-    return [
-        (job, c)
-        for _, job, c in ab_cells(maps)
-        if c["cell"]["load"] == "closed"
-        and job["group"] == g.get("group")
-        and all((c.get("composition") or {}).values())
-    ]
-
-
-def _nearest(cells: list[tuple[dict, dict]], batch: int) -> tuple[dict, dict]:
-    """The cell whose concurrency is nearest the batch (by ratio), then the longest prompt."""
-    return min(
-        cells,
-        key=lambda jc: (abs(math.log(jc[1]["cell"]["concurrency"] / batch)), -jc[1]["cell"]["prompt_tokens"]),
-    )
-
-
-def _gpu(sources: Mapping[str, Any], maps: Sequence[dict[str, Any]]) -> list[str]:
-    g = sources.get("gpu_projection")
-    if not g:
-        return []
-    lines = ["## On a GPU, on paper (a projection, not a measurement)", "", *g.get("preamble", []), ""]
-    cells = _host_cells(g, maps)
-    if not cells:
-        return [*lines, "No closed cell of the projection's group has host-time data.", ""]
-    lines += [
-        "Host CPU per busy step is this machine's, measured in the closed cell of the group whose "
-        "concurrency is nearest the batch (this CPU and this tiny model's requests; a GPU server's host CPU "
-        "is faster, so the shares below are upper bounds).",
-        "",
-        "| GPU | context | batch | forward per step (ms) | source | host us/step paged / tagma (cell) "
-        "| host share paged | step ratio tagma/paged, async off | async on | host measured in |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for gpu in g.get("gpus", []):
-        for point in g.get("points", []):
-            job, c = _nearest(cells, int(point["batch"]))
-            paged = c["composition"]["baseline"]["host_us_per_step"]
-            tagma = c["composition"]["candidate"]["host_us_per_step"]
-            fwd_us = forward_floor_ms(g["model"], gpu, point) * 1000
-            share = paged / (paged + fwd_us)
-            off = (tagma + fwd_us) / (paged + fwd_us)
-            on = max(tagma, fwd_us) / max(paged, fwd_us)
-            lines.append(
-                f"| {gpu['name']} | {point['context']} | {point['batch']} | {_f(fwd_us / 1000)} | "
-                f"{gpu['source']}, {gpu['hbm_tb_s']} TB/s | {_f(paged)} / {_f(tagma)} ({c['cell']['name']}) "
-                f"| {_pct(share)} | {_f(off, 4)} | {_f(on, 4)} | {job['run_id']} |"
-            )
-    return [*lines, "", *g.get("notes", []), ""]
-
-
 def _job_line(job: Mapping[str, Any]) -> str:
     load = job.get("load")
     beside = f", load average at its segments' start {load['mean']} (max {load['max']})" if load else ""
@@ -281,7 +216,7 @@ def document(sources: Mapping[str, Any], figures: Mapping[str, str]) -> str:
         *sources.get("preamble", []),
         "",
     ]
-    lines += _answer(maps)
+    lines += _answer(maps, sources)
     lines += ["## The map (A/B: paged vs tagma)", "", *_map_table(maps, aa=False), ""]
     for key, title in (
         ("heat_throughput", "output throughput"),
@@ -313,6 +248,7 @@ def document(sources: Mapping[str, Any], figures: Mapping[str, str]) -> str:
     ]
     if "predicted_vs_measured" in figures:
         lines += [f"![predicted vs measured]({figures['predicted_vs_measured']})", ""]
-    lines += _gpu(sources, maps)
+    lines += gpu_projection(sources, maps)
+    lines += gpu_kernels(sources)
     lines += _provenance(sources)
     return "\n".join(lines).rstrip() + "\n"

@@ -55,6 +55,7 @@ def sources_for(tmp_path: Path, record: dict) -> Path:
     (tmp_path / "maps" / "m.json").write_text(json.dumps(record))
     spec = yaml.safe_load((REPO / "findings" / "sources.yaml").read_text())
     spec["maps"] = ["maps/m.json"]
+    spec["gpu_runs"] = {k: str(REPO / "findings" / v) for k, v in (spec.get("gpu_runs") or {}).items()}
     path = tmp_path / "sources.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -72,11 +73,11 @@ def test_findings_from_a_recorded_map_name_a_run_on_every_row(tmp_path: Path) ->
         "## Calibration",
         "## Where a step goes",
         "## Attribution",
-        "## On a GPU, on paper",
+        "## On a GPU: host time projected",
         "## Provenance",
     ):
         assert section in doc, section
-    assert untraced_rows(doc, sources["maps"]) == []
+    assert untraced_rows(doc, sources) == []
     cells = [c for job in record["jobs"] for c in job["cells"]]
     assert sum(line.startswith("| ") and "dev-smoke/" in line for line in doc.splitlines()) >= len(cells)
     first = cells[0]["metrics"]["output_throughput"]
@@ -93,7 +94,7 @@ def test_findings_from_a_recorded_map_name_a_run_on_every_row(tmp_path: Path) ->
 def test_a_row_without_a_run_is_caught() -> None:
     record = json.loads(RECORDED.read_text())
     doc = "| prefix-on | closed c=1 | 0.98 [0.9, 1.1] | no run here |\n"
-    assert untraced_rows(doc, [record]) == [doc.strip()]
+    assert untraced_rows(doc, {"maps": [record]}) == [doc.strip()]
 
 
 def test_structure_problems_name_what_is_missing() -> None:
@@ -142,7 +143,7 @@ def test_the_smoke_map_runs_end_to_end_on_real_servers(tmp_path: Path, tok_dir: 
     assert rates["open0.8-p1024"]["rate"] > 0
     sources = load_sources(sources_for(tmp_path, record))
     doc = render(sources, tmp_path / "FINDINGS.md", tmp_path / "figures").read_text()
-    assert untraced_rows(doc, sources["maps"]) == []
+    assert untraced_rows(doc, sources) == []
     before = sorted((map_dir / "prefix-on" / "lifetimes").rglob("a*"))
     subprocess.run(cmd, cwd=REPO, check=True, timeout=600)  # resume: every segment is done
     assert sorted((map_dir / "prefix-on" / "lifetimes").rglob("a*")) == before
