@@ -41,3 +41,14 @@ def test_dry_run_writes_a_record_that_says_it_is_not_a_gpu_measurement(tmp_path:
     for p in record["points"]:
         assert set(p["by_attention"]) == set(ATTENTION) and p["attention"] in ATTENTION
         assert p["median_ms"] == min(v["median_ms"] for v in p["by_attention"].values())
+
+
+def test_the_device_script_runs_both_benchmarks_in_its_dry_mode(tmp_path: Path) -> None:
+    """What a lent GPU runs, end to end on CPU: both JSON files, within what the device tool brings back."""
+    from benchmarks.gpu.device_run import main as device_run
+
+    assert device_run(["--out", str(tmp_path), "--dry-run"]) == 0
+    files = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    assert len(files) <= 8 and all(len(f.parts) <= 3 for f in files)
+    kinds = {json.loads((tmp_path / f).read_text())["kind"] for f in files if f.suffix == ".json"}
+    assert kinds == {"gpu_kernels", "gpu_decode_step"}
