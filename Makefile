@@ -105,9 +105,12 @@ bench-gpu-step:
 
 # The GPU profile: kernel pairs, then a real model by path, 16K then 128K at full size.
 # make bench-gpu MODEL=/path/to/checkpoint
-bench-gpu: setup bench-gpu-kernels bench-gpu-step
-	$(PY) -m harness.serve.gpu_check
-	@test -n "$(MODEL)" || { echo "bench-gpu: give the checkpoint directory, MODEL=/path/to/model"; exit 2; }
+# Without a GPU it makes every check it can (configs, the checkpoint's context, the workloads with its
+# tokenizer, tagma's plugin and fail-closed checks), then stops with one line and exit code 2.
+bench-gpu: setup
+	@test -n "$(MODEL)" || { echo "bench-gpu: give the checkpoint directory, MODEL=/path/to/model"; exit 1; }
+	$(PY) -m harness.gpu_preflight $(MODEL) $(ARGS)
+	$(MAKE) bench-gpu-kernels bench-gpu-step
 	$(PY) -m harness.main model=llama31_8b_gpu model.path=$(MODEL) server=gpu workload=sharegpt_16k $(ARGS)
 	$(PY) -m harness.main model=llama31_8b_gpu model.path=$(MODEL) server=gpu workload=sharegpt_128k $(ARGS)
 
