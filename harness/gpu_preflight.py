@@ -17,6 +17,7 @@ one line saying what is missing and exit 2. A failed check is one line naming it
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from omegaconf import OmegaConf
 
 from harness.config import BenchConfig, from_mapping
 from harness.serve.gpu_check import problems as gpu_problems
+from tagma.contract import PREFLIGHT_MODULE
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 GPU_WORKLOADS = ("sharegpt_16k", "sharegpt_128k")
@@ -82,31 +84,16 @@ def check_workload(
 
 
 def check_tagma(model_dir: Path, max_model_len: int) -> list[Checked]:
-    """The plugin's flag parses; the checkpoint's engine config passes tagma's fail-closed checks."""
-    from tagma.serve import install_version_alias
-
-    install_version_alias()
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    from tagma import fail_closed
-    from tagma.contract import CLI_FLAG
-    from tagma.plugin import register
-
-    register()
-    args = make_arg_parser(FlexibleArgumentParser()).parse_args(
-        ["--model", str(model_dir), CLI_FLAG, "tagma"]
-    )
-    if getattr(args, "kv_cache_backend", None) != "tagma":
-        raise PreflightError(f"the plugin's {CLI_FLAG} did not parse in vLLM's serve parser")
-    try:
-        config = EngineArgs(model=str(model_dir), max_model_len=max_model_len or None).create_engine_config()
-    except Exception as e:
-        raise PreflightError(f"vLLM cannot build an engine config for {model_dir}: {e}") from e
-    if refused := fail_closed.unsupported_features(config):
-        raise PreflightError(f"tagma refuses this checkpoint: {'; '.join(refused)}")
-    return [Checked("tagma", f"{CLI_FLAG} parses; the checkpoint's config passes the fail-closed checks")]
+    """tagma's own check (its plugin's flag, its fail-closed checks on the checkpoint's engine config), in a
+    process of its own: the harness sees tagma only through its contract."""
+    cmd = [sys.executable, "-m", PREFLIGHT_MODULE, str(model_dir)]
+    if max_model_len:
+        cmd += ["--max-model-len", str(max_model_len)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    line = (done.stdout.strip() or done.stderr.strip() or "no output").splitlines()[-1]
+    if done.returncode != 0:
+        raise PreflightError(line)
+    return [Checked("tagma", line)]
 
 
 def preflight(model_dir: Path, overrides: Sequence[str] = ()) -> list[Checked]:

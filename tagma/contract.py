@@ -82,6 +82,9 @@ TAGMA: Final = "tagma"
 BACKENDS: Final = (PAGED, TAGMA)
 CLI_FLAG: Final = "--kv-cache-backend"
 CONFIG_KEY: Final = "kv_cache_backend"  # the additional_config entry, and the flag's argparse dest
+PREFLIGHT_MODULE: Final = (
+    "tagma.preflight"  # `python -m` it with a checkpoint: would tagma serve it (exit 0)?
+)
 
 # ---- environment variables a tagma server reads
 ENV_TELEMETRY_FILE: Final = "TAGMA_TELEMETRY_FILE"
