@@ -43,6 +43,8 @@ class ModelConfig:
     path: str
     tokenizer: str | None = None  # defaults to the model directory
     build_tiny: bool = False  # build the tiny local model into `path` first
+    family: str = "llama"  # which tiny model build_tiny builds (harness.serve.tiny_families)
+    dtype: str | None = None  # the dtype the model needs (vLLM for CPU: MoE, GDN, MLA want bfloat16)
 
     @property
     def tokenizer_dir(self) -> Path:

@@ -38,7 +38,7 @@ def prepare(cfg: BenchConfig, resolved: dict) -> tuple[BenchConfig, Workload]:
     """Record what the run is, build the model if asked, check the context, build the workload."""
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     if cfg.model.build_tiny:
-        tiny_model.build(Path(cfg.model.path))
+        tiny_model.build_tiny(Path(cfg.model.path), cfg.model.family)
     cfg = resolve_context(cfg)
     resolved = {**resolved, "server": {**resolved["server"], "max_model_len": cfg.server.max_model_len},
                 "workload": {**resolved["workload"], "max_model_len": cfg.workload.max_model_len}}

@@ -61,7 +61,7 @@ def server_spec(cfg: BenchConfig, arm: Arm, run_dir: Path) -> ServerSpec:
     return ServerSpec(
         model=cfg.model.path,
         backend=arm.backend,
-        dtype=s.dtype,
+        dtype=cfg.model.dtype or s.dtype,
         max_model_len=s.max_model_len,
         kv_cache_space_gib=s.kv_cache_space_gib,
         num_gpu_blocks_override=s.num_gpu_blocks_override,

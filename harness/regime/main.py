@@ -62,7 +62,7 @@ def run_job(cfg: BenchConfig, spec: MapSpec, job: str, out_dir: Path) -> Path:
     backends = (cfg.backends[0], cfg.backends[0]) if aa else cfg.backends
     cfg = dataclasses.replace(cfg, backends=backends)
     if cfg.model.build_tiny:
-        tiny_model.build(Path(cfg.model.path))
+        tiny_model.build_tiny(Path(cfg.model.path), cfg.model.family)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "environment.json", environment())
     t0 = time.perf_counter()

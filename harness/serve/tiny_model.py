@@ -100,6 +100,16 @@ def build(out_dir: Path = DEFAULT_DIR, spec: TinyModelSpec = TinyModelSpec()) ->
     return out_dir
 
 
+def build_tiny(path: Path, family: str = "llama") -> Path:
+    """The tiny model of ``family`` in ``path``: the Llama itself, or another family
+    (:mod:`harness.serve.tiny_families`) with the Llama's tokenizer."""
+    if family == "llama":
+        return build(path)
+    from harness.serve.tiny_families import build_family
+
+    return build_family(path, family, tokenizer_dir=build(DEFAULT_DIR))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=DEFAULT_DIR)

@@ -1,0 +1,137 @@
+"""Tiny random-weight models of the families people deploy, one per KV cache layout vLLM serves differently.
+
+Each family keeps the layout that matters to a KV cache manager (which layers slide and how far, state
+layers, latent attention, attention sinks) and shrinks everything else, so a server starts in seconds here.
+The tokenizer is the tiny Llama's (trained on ShareGPT), copied beside the weights.
+
+=============  ========================================  =====================================================
+family         shape of                                  KV cache layout on vLLM
+=============  ========================================  =====================================================
+``gpt-oss``    gpt-oss (``GptOssConfig``)                sliding window 128 and full attention, alternating,
+                                                         with attention sinks; MoE
+``gemma3``     Gemma 3 (``Gemma3TextConfig``)            5 sliding (window 1,024) to 1 full layer
+``mistral``    Mistral (``MistralConfig``)               every layer slides (window 1,024): one group
+``qwen3-next`` Qwen3-Next (``Qwen3NextConfig``)          Gated DeltaNet state layers and full attention
+``deepseek-v2`` DeepSeek-V2 (``DeepseekV2Config``)       MLA: one latent KV per token (rank 512 + rope 64)
+=============  ========================================  =====================================================
+
+``dtype`` is what this CPU build of vLLM needs for the family (`../shared/notes`-style facts, seen here):
+MoE layers and the GDN state layers want bfloat16, the CPU MLA backend too; the rest serve in float32.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FAMILIES", "Family", "build_family"]
+
+VOCAB = 8000
+SPECIAL = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2, "vocab_size": VOCAB}
+MAX_POSITIONS = 131072
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    dtype: str  # what vLLM for CPU needs to serve it
+    config: Callable[[], Any]  # the transformers config
+    model: str  # the transformers model class
+
+
+def _gpt_oss() -> Any:
+    from transformers import GptOssConfig
+
+    return GptOssConfig(
+        hidden_size=256, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=128,
+        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=MAX_POSITIONS,
+        rope_scaling=None, **SPECIAL,
+    )  # fmt: skip
+
+
+def _gemma3() -> Any:
+    from transformers import Gemma3TextConfig
+
+    return Gemma3TextConfig(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, query_pre_attn_scalar=64, sliding_window=1024,
+        layer_types=["sliding_attention"] * 5 + ["full_attention"], max_position_embeddings=MAX_POSITIONS,
+        **SPECIAL,
+    )  # fmt: skip
+
+
+def _mistral() -> Any:
+    from transformers import MistralConfig
+
+    return MistralConfig(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, sliding_window=1024, max_position_embeddings=MAX_POSITIONS,
+        **SPECIAL,
+    )  # fmt: skip
+
+
+def _qwen3_next() -> Any:
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=128, linear_value_head_dim=128,
+        layer_types=["linear_attention", "full_attention"],
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=128,
+        mlp_only_layers=[0, 1], max_position_embeddings=MAX_POSITIONS, **SPECIAL,
+    )  # fmt: skip
+
+
+def _deepseek_v2() -> Any:
+    from transformers import DeepseekV2Config
+
+    return DeepseekV2Config(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=64,
+        v_head_dim=64, first_k_dense_replace=2, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+        topk_group=1, moe_intermediate_size=128, max_position_embeddings=MAX_POSITIONS, **SPECIAL,
+    )  # fmt: skip
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family("gpt-oss", "bfloat16", _gpt_oss, "GptOssForCausalLM"),
+        Family("gemma3", "float32", _gemma3, "Gemma3ForCausalLM"),
+        Family("mistral", "float32", _mistral, "MistralForCausalLM"),
+        Family("qwen3-next", "bfloat16", _qwen3_next, "Qwen3NextForCausalLM"),
+        Family("deepseek-v2", "bfloat16", _deepseek_v2, "DeepseekV2ForCausalLM"),
+    )
+}
+RECIPE = 1  # bump when a family's config changes, so stale builds are redone
+
+
+def build_family(out_dir: Path, family: str, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """Write ``family``'s tiny model into ``out_dir`` (weights, config, the tokenizer of ``tokenizer_dir``)
+    unless a complete build of the same recipe is there."""
+    import torch
+    import transformers
+
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}: one of {sorted(FAMILIES)}")
+    f = FAMILIES[family]
+    marker = out_dir / "tiny_family.json"
+    wanted = json.dumps({"family": family, "seed": seed, "recipe": RECIPE}, sort_keys=True)
+    if marker.exists() and marker.read_text() == wanted:
+        return out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    config = f.config()
+    model = getattr(transformers, f.model)(config).to(getattr(torch, f.dtype))
+    model.save_pretrained(out_dir)
+    for item in tokenizer_dir.iterdir():
+        if item.name.startswith(("tokenizer", "special_tokens")) or item.name == "chat_template.jinja":
+            shutil.copy(item, out_dir / item.name)
+    marker.write_text(wanted)  # written last: its presence means the build completed
+    return out_dir

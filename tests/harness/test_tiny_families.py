@@ -1,0 +1,88 @@
+"""The tiny model families: each keeps the KV cache layout of the family it stands for, composes as a Hydra
+`model=` option, and (slow) serves on vLLM for CPU with the paged backend."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from harness.config import from_mapping
+from harness.serve.tiny_families import FAMILIES, build_family
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory: pytest.TempPathFactory, tok_dir: Path) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("families")
+    return {name: build_family(root / name, name, tok_dir) for name in FAMILIES}
+
+
+def _config(path: Path) -> dict:
+    return json.loads((path / "config.json").read_text())
+
+
+def test_each_family_keeps_its_kv_cache_layout(families: dict[str, Path]) -> None:
+    gpt_oss, gemma3, mistral = (_config(families[n]) for n in ("gpt-oss", "gemma3", "mistral"))
+    assert (
+        gpt_oss["layer_types"] == ["sliding_attention", "full_attention"] and gpt_oss["sliding_window"] == 128
+    )
+    assert gemma3["layer_types"] == ["sliding_attention"] * 5 + ["full_attention"]
+    assert gemma3["sliding_window"] == 1024
+    assert mistral["sliding_window"] == 1024 and "layer_types" not in mistral  # every layer slides
+    qwen = _config(families["qwen3-next"])
+    assert qwen["layer_types"] == ["linear_attention", "full_attention"]
+    deepseek = _config(families["deepseek-v2"])
+    assert deepseek["kv_lora_rank"] + deepseek["qk_rope_head_dim"] == 576  # the CPU MLA backend's head size
+    for name, path in families.items():
+        assert (path / "tokenizer.json").exists(), name
+        assert _config(path)["architectures"] == [FAMILIES[name].model]
+
+
+def test_a_build_is_reused_and_an_unknown_family_is_refused(families: dict[str, Path], tok_dir: Path) -> None:
+    path = families["mistral"]
+    before = (path / "model.safetensors").stat().st_mtime_ns
+    assert build_family(path, "mistral", tok_dir) == path
+    assert (path / "model.safetensors").stat().st_mtime_ns == before
+    with pytest.raises(ValueError, match="unknown model family 'llama4'"):
+        build_family(path, "llama4", tok_dir)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_each_family_is_a_model_option_served_in_the_dtype_it_needs(name: str) -> None:
+    option = "tiny_" + name.replace("-", "_")
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+        cfg = compose(config_name="bench", overrides=["repo_dir=/tmp/tagma-repo", f"model={option}"])
+    bench = from_mapping(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
+    assert bench.model.family == name and bench.model.build_tiny
+    assert bench.model.dtype == FAMILIES[name].dtype
+    assert bench.model.path == f"/tmp/tagma-repo/data/tiny-{name}"
+    from harness.designs.server_run import server_spec
+
+    assert server_spec(bench, bench.arms[1], Path("/tmp/run")).dtype == FAMILIES[name].dtype
+
+
+@pytest.mark.slow
+def test_every_family_serves_paged_on_this_vllm(families: dict[str, Path], tmp_path: Path) -> None:
+    """What tagma must match: vLLM for CPU serves each family (greedy, a prompt past gpt-oss's window)."""
+    from harness.serve.launcher import Server, ServerSpec
+
+    for name, path in families.items():
+        spec = ServerSpec(model=str(path), dtype=FAMILIES[name].dtype, max_model_len=2048,
+                          kv_cache_space_gib=1, extra_args=("--max-num-seqs", "4"))  # fmt: skip
+        with Server(spec, tmp_path / f"{name}.log") as server:
+            body = {"model": str(path), "prompt": list(range(3, 300)), "max_tokens": 4, "temperature": 0,
+                    "ignore_eos": True}  # fmt: skip
+            req = urllib.request.Request(
+                server.base_url + "/v1/completions",
+                json.dumps(body).encode(),
+                {"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=300) as r:
+                out = json.loads(r.read())
+            assert out["usage"]["completion_tokens"] == 4, name
