@@ -37,7 +37,7 @@ class SoakConfig:
     telemetry_interval_s: float = 0.25
     rss_interval_s: float = 2.0
     rss_warmup_frac: float = 0.3
-    rss_max_growth_mib: float = 64.0
+    rss_max_growth_mib: float = 64.0  # the candidate's fitted growth over the baseline's (rss_bounded)
     tie_tol: float = 1e-3  # logprob gap under which a greedy divergence is a near-tie
     # "each": every arm must preempt; "any": at least one (a short run: which arm crosses the pool first is
     # timing); "none": not checked

@@ -273,5 +273,12 @@ def run_soak(cfg: SoakConfig, model: Path, out_dir: Path) -> dict:
         startup_s=startup,
         started=t0,
     )
+    with open(out_dir / "rss.jsonl", "w", encoding="utf-8") as f:  # the series behind the RSS fits
+        for name, samples in rss.samples.items():
+            for t, core, root in samples:
+                f.write(
+                    json.dumps({"arm": name, "t_s": t, "engine_core_bytes": core, "server_bytes": root})
+                    + "\n"
+                )
     write_summary(out_dir, summary)
     return summary

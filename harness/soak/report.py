@@ -9,7 +9,7 @@ from pathlib import Path
 
 from harness.files import write_json
 from harness.soak.config import SoakConfig
-from harness.soak.invariants import drain_violations, rss_trend
+from harness.soak.invariants import drain_violations, rss_bounded, rss_trend
 from harness.soak.plan import ABORT, ERROR, KINDS, OK, TrafficPlan
 
 # violation classes (harness.soak.invariants.check_pair) -> the invariant they break
@@ -97,7 +97,7 @@ def summarize(
         trends[name] = rss_trend(
             [t for t, _ in pts], [c for _, c in pts], cfg.rss_warmup_frac, cfg.rss_max_growth_mib
         )
-    inv["rss_bounded"] = {"ok": all(t["ok"] for t in trends.values()), "per_arm": trends}
+    inv["rss_bounded"] = {**rss_bounded(trends, cfg.rss_max_growth_mib), "per_arm": trends}
     fatal = {labels[n]: [m for m in FATAL_LOG if m in text] for n, text in logs.items()}
     crash = [f"{labels[n]} not alive at the end" for n, ok in alive.items() if not ok]
     crash += [f"{arm}: log says {found}" for arm, found in fatal.items() if found]
@@ -146,6 +146,12 @@ def _markdown(s: dict) -> str:
         "| arm | engine-core RSS first / last / max MiB | fitted growth MiB (bound) | slope MiB/min |",
         "|---|---|---|---|",
     ]
+    rb = inv["rss_bounded"]
+    if "excess_mib" in rb:
+        lines[-2:-2] = [
+            f"tagma's growth over paged's: {rb['excess_mib']:.1f} MiB (bound {rb['max_excess_mib']:g})",
+            "",
+        ]
     for arm, t in inv["rss_bounded"]["per_arm"].items():
         if "slope_mib_per_min" in t:
             lines.append(

@@ -10,7 +10,7 @@ import pytest
 
 from harness.soak.client import ArmReply, error_class
 from harness.soak.config import SoakConfig
-from harness.soak.invariants import check_pair, drain_violations, rss_trend
+from harness.soak.invariants import check_pair, drain_violations, rss_bounded, rss_trend
 from harness.soak.plan import KINDS, TrafficConfig, TrafficPlan
 
 
@@ -99,6 +99,17 @@ def test_drain_and_rss_checks() -> None:
     assert flat["ok"] and abs(flat["slope_mib_per_min"]) < 1
     growing = rss_trend(t, [500 * 2**20 + i * 2**20 for i in t], 0.3, 16.0)
     assert not growing["ok"] and growing["fitted_growth_mib"] > 60
+    # the invariant compares the arms: growth both show is not tagma's, growth only tagma shows is
+    both = rss_bounded({"baseline": growing, "candidate": growing}, 16.0)
+    assert (
+        both["ok"]
+        and both["excess_mib"] == 0
+        and both["absolute_ok"] == {"baseline": False, "candidate": False}
+    )
+    assert not rss_bounded({"baseline": flat, "candidate": growing}, 16.0)["ok"]
+    assert rss_bounded({"baseline": growing, "candidate": flat}, 16.0)["ok"]
+    unfit = rss_bounded({"baseline": rss_trend([], [], 0.3, 16.0), "candidate": flat}, 16.0)
+    assert not unfit["ok"] and unfit["reason"] == "no RSS samples"
 
 
 def test_profiles_load() -> None:
