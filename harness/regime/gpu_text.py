@@ -128,6 +128,12 @@ def gpu_projection(sources: Mapping[str, Any], maps: Sequence[dict[str, Any]]) -
     return [*lines, "", *g.get("notes", []), ""]
 
 
+def _verdicts(rows: Sequence[dict]) -> tuple[int, int]:
+    """(tagma faster, tagma slower): the rows whose 95% interval of tagma/paged lies below / above 1."""
+    ratios = [r["tagma_over_paged"] for r in rows]
+    return sum(t["ci95_hi"] < 1 for t in ratios), sum(t["ci95_lo"] > 1 for t in ratios)
+
+
 def _kernel_groups(run: Mapping[str, Any]) -> dict[tuple[str, str, str], list[dict]]:
     groups: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
     for r in run.get("ratios", []):
@@ -164,10 +170,8 @@ def gpu_kernels(sources: Mapping[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for (kernel, phase, placement), rows in sorted(_kernel_groups(run).items()):
-        ratios = [r["tagma_over_paged"] for r in rows]
-        vals = [t["ratio"] for t in ratios]
-        faster = sum(t["ci95_hi"] < 1 for t in ratios)
-        slower = sum(t["ci95_lo"] > 1 for t in ratios)
+        vals = [r["tagma_over_paged"]["ratio"] for r in rows]
+        faster, slower = _verdicts(rows)
         lines.append(
             f"| {kernel} | {phase} | {placement} | {len(rows)} | {fmt(float(np.median(vals)))} "
             f"({fmt(min(vals))}-{fmt(max(vals))}) | {faster} | {slower} | {run['run_id']} |"
@@ -187,9 +191,7 @@ def gpu_answer(sources: Mapping[str, Any]) -> list[str]:
         by_placement["contiguous" if r["placement"] == "contiguous" else "fragmented"].append(r)
     parts = []
     for placement, rows in sorted(by_placement.items()):
-        ratios = [r["tagma_over_paged"] for r in rows]
-        faster = sum(t["ci95_hi"] < 1 for t in ratios)
-        slower = sum(t["ci95_lo"] > 1 for t in ratios)
+        faster, slower = _verdicts(rows)
         overall = (
             "mostly slower"
             if 2 * slower > len(rows)
@@ -197,7 +199,7 @@ def gpu_answer(sources: Mapping[str, Any]) -> list[str]:
             if 2 * faster > len(rows)
             else "mixed"
         )
-        attn = [t["ratio"] for r, t in zip(rows, ratios, strict=True) if r["kernel"] == "decode_attention"]
+        attn = [r["tagma_over_paged"]["ratio"] for r in rows if r["kernel"] == "decode_attention"]
         median_attn = f", decode attention median {fmt(float(np.median(attn)))}" if attn else ""
         parts.append(f"{placement} placement {overall}: tagma faster in {faster}, slower in {slower} of "
                      f"{len(rows)}{median_attn}")  # fmt: skip

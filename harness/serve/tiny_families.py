@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,80 +34,57 @@ SPECIAL = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2, "vocab_size"
 MAX_POSITIONS = 131072
 
 
+# What every family shares: small enough that a server starts in seconds, the tiny Llama's token ids
+COMMON: dict[str, Any] = {
+    "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": MAX_POSITIONS, **SPECIAL,
+}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
     dtype: str  # what vLLM for CPU needs to serve it
-    config: Callable[[], Any]  # the transformers config
+    config_class: str  # the transformers config class
     model: str  # the transformers model class
+    shape: dict[str, Any]  # the family's own layout, over COMMON
 
+    def config(self) -> Any:
+        import transformers
 
-def _gpt_oss() -> Any:
-    from transformers import GptOssConfig
-
-    return GptOssConfig(
-        hidden_size=256, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=128,
-        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=MAX_POSITIONS,
-        rope_scaling=None, **SPECIAL,
-    )  # fmt: skip
-
-
-def _gemma3() -> Any:
-    from transformers import Gemma3TextConfig
-
-    return Gemma3TextConfig(
-        hidden_size=256, intermediate_size=512, num_hidden_layers=6, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, query_pre_attn_scalar=64, sliding_window=1024,
-        layer_types=["sliding_attention"] * 5 + ["full_attention"], max_position_embeddings=MAX_POSITIONS,
-        **SPECIAL,
-    )  # fmt: skip
-
-
-def _mistral() -> Any:
-    from transformers import MistralConfig
-
-    return MistralConfig(
-        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, sliding_window=1024, max_position_embeddings=MAX_POSITIONS,
-        **SPECIAL,
-    )  # fmt: skip
-
-
-def _qwen3_next() -> Any:
-    from transformers import Qwen3NextConfig
-
-    return Qwen3NextConfig(
-        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4,
-        linear_key_head_dim=128, linear_value_head_dim=128,
-        layer_types=["linear_attention", "full_attention"],
-        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=128,
-        mlp_only_layers=[], max_position_embeddings=MAX_POSITIONS, **SPECIAL,  # vLLM wants a MoE layer
-    )  # fmt: skip
-
-
-def _deepseek_v2() -> Any:
-    from transformers import DeepseekV2Config
-
-    return DeepseekV2Config(
-        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=64,
-        v_head_dim=64, first_k_dense_replace=2, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
-        topk_group=1, moe_intermediate_size=128, max_position_embeddings=MAX_POSITIONS, **SPECIAL,
-    )  # fmt: skip
+        return getattr(transformers, self.config_class)(**{**COMMON, **self.shape})
 
 
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
-        Family("gpt-oss", "bfloat16", _gpt_oss, "GptOssForCausalLM"),
-        Family("gemma3", "float32", _gemma3, "Gemma3ForCausalLM"),
-        Family("mistral", "float32", _mistral, "MistralForCausalLM"),
-        Family("qwen3-next", "bfloat16", _qwen3_next, "Qwen3NextForCausalLM"),
-        Family("deepseek-v2", "bfloat16", _deepseek_v2, "DeepseekV2ForCausalLM"),
+        Family("gpt-oss", "bfloat16", "GptOssConfig", "GptOssForCausalLM", {
+            "intermediate_size": 256, "head_dim": 64, "num_local_experts": 4, "num_experts_per_tok": 2,
+            "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"],
+            "rope_scaling": None,
+        }),
+        Family("gemma3", "float32", "Gemma3TextConfig", "Gemma3ForCausalLM", {
+            "num_hidden_layers": 6, "head_dim": 64, "query_pre_attn_scalar": 64, "sliding_window": 1024,
+            "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+        }),
+        Family("mistral", "float32", "MistralConfig", "MistralForCausalLM", {
+            "head_dim": 64, "sliding_window": 1024,
+        }),
+        Family("qwen3-next", "bfloat16", "Qwen3NextConfig", "Qwen3NextForCausalLM", {
+            "head_dim": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+            "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+            "layer_types": ["linear_attention", "full_attention"],
+            "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
+            "shared_expert_intermediate_size": 128,
+            "mlp_only_layers": [],  # vLLM's Qwen3-Next wants a MoE layer
+        }),
+        Family("deepseek-v2", "bfloat16", "DeepseekV2Config", "DeepseekV2ForCausalLM", {
+            "num_key_value_heads": 4, "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64,
+            "qk_nope_head_dim": 64, "v_head_dim": 64, "first_k_dense_replace": 2, "n_routed_experts": 4,
+            "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "moe_intermediate_size": 128,
+        }),
     )
-}
+}  # fmt: skip
 RECIPE = 2  # bump when a family's config changes, so stale builds are redone
 
 
