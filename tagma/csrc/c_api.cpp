@@ -131,6 +131,10 @@ tagma_status tagma_request_release(tagma_engine_handle h, uint64_t request) {
   return with_engine("tagma_request_release", h, [&](Engine& engine) { engine.release_request(request); });
 }
 
+tagma_status tagma_request_free_front(tagma_engine_handle h, uint64_t request, int64_t count) {
+  return with_engine("tagma_request_free_front", h, [&](Engine& engine) { engine.free_front(request, count); });
+}
+
 tagma_status tagma_request_append(tagma_engine_handle h, uint64_t request, int64_t count, int32_t* new_blocks_out,
                                   int32_t* evicted_out, int64_t* num_evicted) {
   return with_engine("tagma_request_append", h, [&](Engine& engine) {

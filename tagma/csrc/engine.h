@@ -59,6 +59,9 @@ class Engine {
   // Requests (engine.cpp, allocate.cpp, refs.cpp).
   uint64_t create_request();
   void release_request(uint64_t id);
+  // Releases the request's first `count` blocks (a sliding window's start advancing); see
+  // tagma_request_free_front.
+  void free_front(uint64_t id, int64_t count);
   void append(uint64_t id, int64_t count, int32_t* new_blocks_out, int32_t* evicted_out, int64_t* num_evicted);
   void attach(uint64_t id, const int32_t* block_ids, int64_t count);
   // append() reporting the new blocks as (start, count) runs, with a growth hint; see

@@ -86,6 +86,25 @@ void Engine::release_request(uint64_t id) {
   requests_.erase(id);
 }
 
+void Engine::free_front(uint64_t id, int64_t count) {
+  Request& request = find_request(id);
+  if (count < 0 || count > request.num_blocks()) {
+    fail(TAGMA_E_INVALID_ARG, "count ", count, " is outside [0, ", request.num_blocks(), "] (the request's blocks)");
+  }
+  if (count % geometry_.align != 0) {
+    fail(TAGMA_E_MISALIGNED, "count ", count, " is not a multiple of align ", geometry_.align);
+  }
+  if (prefix_) fail(TAGMA_E_STATE, "free_front with the prefix index (it keys a request's blocks from logical 0)");
+  if (count == 0) return;
+  const int64_t ranges_before = request.num_ranges();
+  const int32_t end_before = request.ranges().back().end();
+  FreeRunBuilder freed(free_list_);
+  request.drop_front(static_cast<int32_t>(count), [&](int32_t block) { drop_request_ref(block, freed, nullptr); });
+  freed.flush();
+  range_counts_.change(ranges_before, request.num_ranges());
+  update_frontier(id, request, end_before);
+}
+
 // A block left without request references goes to the LRU tail when cached, else to the free list (and,
 // with the prefix index, to the unused runs either way).
 void Engine::drop_request_ref(int32_t block, FreeRunBuilder& freed, FreeRunBuilder* unused) {

@@ -44,6 +44,10 @@ class Request {
   // Appends physical blocks [start, start + count) at the logical end, merging into the last range when it
   // ends at `start`. Returns whether it merged.
   bool append_range(int32_t start, int32_t count);
+  // Removes the first `count` (in [0, num_blocks()]) logical blocks, calling visit(block) on each in reverse
+  // logical order; the rest are renumbered from logical 0. O(ranges).
+  template <typename Visit>
+  void drop_front(int32_t count, Visit&& visit);
 
  private:
   std::vector<Range> ranges_;
@@ -51,6 +55,27 @@ class Request {
   int64_t expected_blocks_ = 0;
   int64_t placed_at_ = std::numeric_limits<int64_t>::min();
 };
+
+template <typename Visit>
+void Request::drop_front(int32_t count, Visit&& visit) {
+  size_t whole = 0;  // ranges wholly dropped
+  int32_t left = count;
+  while (whole < ranges_.size() && ranges_[whole].count <= left) left -= ranges_[whole++].count;
+  if (whole < ranges_.size() && left > 0) {
+    Range& cut = ranges_[whole];
+    for (int32_t block = cut.start + left - 1; block >= cut.start; --block) visit(block);
+    cut.start += left;
+    cut.count -= left;
+    cut.first_logical += left;
+  }
+  for (size_t i = whole; i-- > 0;) {
+    for (int32_t block = ranges_[i].end() - 1; block >= ranges_[i].start; --block) visit(block);
+  }
+  ranges_.erase(ranges_.begin(), ranges_.begin() + static_cast<std::ptrdiff_t>(whole));
+  for (Range& range : ranges_) range.first_logical -= count;
+  num_blocks_ -= count;
+  expected_blocks_ = std::max<int64_t>(expected_blocks_ - count, 0);
+}
 
 // How many live requests have each number of ranges: gives max_request_ranges and the histogram.
 class RangeCountStats {

@@ -124,6 +124,12 @@ tagma_status tagma_request_create(tagma_engine_handle h, uint64_t *out_request);
  * (coalesced into the free list). The request id is then invalid. */
 tagma_status tagma_request_release(tagma_engine_handle h, uint64_t request);
 
+/* Release the request's first `count` blocks (0 <= count <= its blocks, a multiple of align), as release does, in reverse logical
+ * order; the blocks after them are renumbered from logical 0 (a sliding window's start advancing: the caller
+ * keeps how many it dropped). Its ranges stay, the first one cut; O(ranges). The request stays valid, empty
+ * when count is all of it. Fails with TAGMA_E_STATE while the prefix index is enabled. */
+tagma_status tagma_request_free_front(tagma_engine_handle h, uint64_t request, int64_t count);
+
 /* Append `count` new blocks (count > 0, multiple of align) to the request's logical end. In-place growth of
  * the last range first (as many of the free blocks right after it as needed), then one new range placed by
  * the policy, or, when no free range is large enough, several ranges taken largest-first. When free

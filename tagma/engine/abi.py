@@ -165,6 +165,7 @@ _SIGNATURES: Final[dict[str, tuple[Any, list[Any]]]] = {
     "tagma_engine_stats": (_STATUS, [_U64, _VP]),
     "tagma_request_create": (_STATUS, [_U64, _VP]),
     "tagma_request_release": (_STATUS, [_U64, _U64]),
+    "tagma_request_free_front": (_STATUS, [_U64, _U64, _I64]),
     "tagma_request_append": (_STATUS, [_U64, _U64, _I64, _VP, _VP, _VP]),
     "tagma_request_attach": (_STATUS, [_U64, _U64, _VP, _I64]),
     "tagma_request_num_blocks": (_STATUS, [_U64, _U64, _VP]),

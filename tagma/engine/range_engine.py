@@ -243,6 +243,17 @@ class RangeEngine:
         if status:
             _raise(self._lib, status)
 
+    def free_front(self, request: int, count: int) -> None:
+        """Release the request's first ``count`` blocks (a sliding window's start advancing); the rest are
+        renumbered from logical 0."""
+        if not 0 <= request < _U64_END:
+            _check_u64(request, "request")
+        if not _I64_MIN <= count <= _I64_MAX:
+            _check_i64(count, "count")
+        status = self._lib.tagma_request_free_front(self._handle, request, count)
+        if status:
+            _raise(self._lib, status)
+
     def append(self, request: int, count: int) -> AppendResult:
         """Append ``count`` new blocks; returns their ids (logical order) and the blocks evicted for them."""
         if not 0 <= request < _U64_END:

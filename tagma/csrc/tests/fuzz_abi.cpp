@@ -436,6 +436,32 @@ struct Fuzzer {
       case 20: slot_mapping(); break;
       case 21: coord(); break;
       case 22: inspection(); break;
+      case 23: {  // free_front: a sliding window's start advancing
+        const uint64_t id = pick_request();
+        const auto live = m.requests.find(id);
+        const int64_t held = live == m.requests.end() ? 0 : static_cast<int64_t>(live->second.size());
+        const int64_t count = rng.chance(0.15) ? rng.hostile() : rng.range(0, held) / m.align * m.align;
+        const tagma_engine_handle h = pick_handle();
+        const tagma_status st =
+            mutate("tagma_request_free_front", before, [&] { return tagma_request_free_front(h, id, count); });
+        if (st == TAGMA_OK) {
+          expect(h == m.h && live != m.requests.end() && !m.prefix, "free_front of an unknown id or with the index");
+          expect(count >= 0 && count <= held && count % m.align == 0, "free_front of a bad count succeeded");
+          auto& blocks = live->second;
+          blocks.erase(blocks.begin(), blocks.begin() + static_cast<std::ptrdiff_t>(count));
+          for (size_t i = 0; i < blocks.size(); ++i) {
+            int32_t physical = -1;
+            expect(tagma_request_block(m.h, id, static_cast<int64_t>(i), &physical) == TAGMA_OK &&
+                       physical == blocks[i],
+                   "free_front: the kept blocks moved");
+          }
+        } else {
+          expect(h != m.h || live == m.requests.end() || m.prefix || count < 0 || count > held ||
+                     count % m.align != 0,
+                 "free_front of a live request's own blocks failed");
+        }
+        break;
+      }
       default: {  // grow a live request a little (keeps the pool busy)
         if (m.requests.empty()) break;
         const uint64_t id = pick_request(false);

@@ -64,6 +64,7 @@ TEST(errors_unknown_handle_on_every_engine_function) {
     check_error(tagma_engine_stats(bad, &stats), TAGMA_E_INVALID_HANDLE, "tagma_engine_stats");
     check_error(tagma_request_create(bad, &u64), TAGMA_E_INVALID_HANDLE, "tagma_request_create");
     check_error(tagma_request_release(bad, f.r1), TAGMA_E_INVALID_HANDLE, "tagma_request_release");
+    check_error(tagma_request_free_front(bad, f.r1, 1), TAGMA_E_INVALID_HANDLE, "tagma_request_free_front");
     check_error(tagma_request_append(bad, f.r1, 1, i32, i32, i64), TAGMA_E_INVALID_HANDLE, "tagma_request_append");
     check_error(tagma_request_attach(bad, f.r1, blocks, 1), TAGMA_E_INVALID_HANDLE, "tagma_request_attach");
     check_error(tagma_request_num_blocks(bad, f.r1, i64), TAGMA_E_INVALID_HANDLE, "tagma_request_num_blocks");
