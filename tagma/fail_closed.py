@@ -1,10 +1,11 @@
 """Fail closed: the configurations tagma refuses, checked on the VllmConfig before any model loads.
 
-tagma serves exactly one full-attention KV cache group whose blocks a request only appends to, written
-through plain token-to-slot mappings. Everything else is refused with one line naming the feature. The
-KV cache manager (``tagma.core.manager``) repeats the group/spec checks on the real ``KVCacheConfig`` in the
-engine core as a backstop for what only model loading reveals. What the model's config already tells about
-the KV cache groups (layer types, sliding windows, chunked attention, per-layer KV shapes) is refused here.
+tagma serves one full-attention KV cache group (prefix caching on or off), or full-attention and
+sliding-window groups with prefix caching off, written through plain token-to-slot mappings. Everything
+else is refused with one line naming the feature. The KV cache manager (``tagma.core.manager``) repeats
+the group/spec checks on the real ``KVCacheConfig`` in the engine core as a backstop for what only model
+loading reveals. What the model's config already tells about the KV cache groups (layer types, sliding
+windows, chunked attention, per-layer KV shapes) is refused here.
 """
 
 from __future__ import annotations
@@ -37,13 +38,23 @@ def _hybrid(c: Any) -> str | None:
 
 
 def _sliding_window(c: Any) -> str | None:
+    # Sliding-window groups (alone or beside full attention): the range-native group manager
+    # (tagma.core.group_range_manager), prefix caching off. R-SWA (a window over the prompt's middle): never.
     mc = c.model_config
+    if getattr(mc, "rswa_window", None) is not None:
+        return f"R-SWA sliding-window attention (rswa_window={mc.rswa_window})"
     window = mc.get_sliding_window()
     layer_types = getattr(mc.hf_text_config, "layer_types", None) or ()
-    if window is not None or "sliding_attention" in layer_types:
-        return f"sliding-window attention (sliding_window={window})"
-    if getattr(mc, "rswa_window", None) is not None:
-        return f"sliding-window attention (rswa_window={mc.rswa_window})"
+    if window is None and "sliding_attention" not in layer_types:
+        return None
+    if c.cache_config.enable_prefix_caching:
+        return (
+            f"sliding-window attention with prefix caching on (sliding_window={window}; tagma serves it with "
+            "--no-enable-prefix-caching)"
+        )
+    if os.environ.get(ENV_RANGE_MANAGER, "1").strip() == "0":
+        manager = "the block-object manager serves one group"
+        return f"sliding-window attention with {ENV_RANGE_MANAGER}=0 ({manager})"
     return None
 
 

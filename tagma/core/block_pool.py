@@ -47,6 +47,13 @@ class RangeRelease:
     def __len__(self) -> int:
         return self.num_blocks
 
+    def release(self, pool: TagmaBlockPool) -> None:
+        """Release the engine request into ``pool`` (a second call is a no-op)."""
+        if self.engine_request is not None:
+            pool.engine.release(self.engine_request)
+            self.engine_request = None
+            pool._num_free += self.num_blocks
+
     def __reversed__(self) -> RangeRelease:
         return self  # the engine releases a request's blocks in reverse logical order itself
 
@@ -200,11 +207,8 @@ class TagmaBlockPool(BlockPool):
         self._num_free -= newly_used
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        if type(ordered_blocks) is RangeRelease:
-            if ordered_blocks.engine_request is not None:
-                self.engine.release(ordered_blocks.engine_request)
-                ordered_blocks.engine_request = None  # a second free of the same release is a no-op
-                self._num_free += ordered_blocks.num_blocks
+        if isinstance(ordered_blocks, RangeRelease):
+            ordered_blocks.release(self)
             return
         if self._freeing:
             # A whole request's blocks, from TagmaKVCacheManager.free.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from vllm.v1.core.kv_cache_coordinator import KVCacheCoordinatorNoPrefixCache, UnitaryKVCacheCoordinator
@@ -85,26 +85,37 @@ def reserve_admission(value: str | None = None) -> tuple[int, int]:
     return result
 
 
-def unsupported_feature(kv_cache_config: KVCacheConfig, args: dict[str, Any]) -> str | None:
+def unsupported_feature(
+    kv_cache_config: KVCacheConfig,
+    args: dict[str, Any],
+    specs: tuple[type, ...] = (FullAttentionSpec,),
+    max_groups: int | None = 1,
+) -> str | None:
     """The first configuration feature tagma does not support, or None.
 
-    ``args`` are ``KVCacheManager.__init__``'s arguments by name (defaults filled in).
+    ``args`` are ``KVCacheManager.__init__``'s arguments by name (defaults filled in); ``specs`` the KV cache
+    spec types the manager serves (by exact type) and ``max_groups`` how many KV cache groups (None: any).
     """
     groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
-        return f"{len(groups)} KV cache groups (hybrid or multi-spec models); tagma needs exactly one"
-    group = groups[0]
-    spec = group.kv_cache_spec
-    if type(spec) is not FullAttentionSpec:
-        for cls, feature in _SPEC_FEATURES:
-            if isinstance(spec, cls):
-                return feature
-        return f"KV cache spec {type(spec).__name__}"
-    if group.role != KVCacheGroupRole.DEFAULT or group.host_resident or (
-        getattr(kv_cache_config, "hisparse_host_num_blocks", None) is not None
-    ):
-        return "HiSparse KV cache groups"
-    if group.is_eagle_group or args.get("use_eagle"):
+    if not groups or (max_groups is not None and len(groups) > max_groups):
+        return f"{len(groups)} KV cache groups (hybrid or multi-spec models); the manager serves {max_groups}"
+    for group in groups:
+        spec = group.kv_cache_spec
+        if type(spec) not in specs:
+            for cls, feature in _SPEC_FEATURES:
+                if isinstance(spec, cls):
+                    return feature if type(spec) is cls else f"{feature} ({type(spec).__name__})"
+            return f"KV cache spec {type(spec).__name__}"
+        if group.role != KVCacheGroupRole.DEFAULT or group.host_resident or (
+            getattr(kv_cache_config, "hisparse_host_num_blocks", None) is not None
+        ):
+            return "HiSparse KV cache groups"
+        if group.is_eagle_group:
+            return "EAGLE / MTP speculative decoding (an EAGLE KV cache group)"
+        if getattr(spec, "extra_retained_tokens", 0):
+            return "multi-module MTP (sliding-window extra_retained_tokens)"
+    spec = groups[0].kv_cache_spec
+    if args.get("use_eagle"):
         return "EAGLE / MTP speculative decoding (use_eagle)"
     if args.get("num_prefill_lookahead", 0) > 0:
         return "speculative prefill lookahead (num_prefill_lookahead > 0)"
@@ -129,6 +140,16 @@ class TagmaKVCacheManager(KVCacheManager):
     """
 
     block_pool: TagmaBlockPool
+    # What this class serves: KV cache spec types (exact), vLLM's single-type managers, groups (None: any).
+    SERVED_SPECS: ClassVar[tuple[type, ...]] = (FullAttentionSpec,)
+    SERVED_MANAGERS: ClassVar[tuple[type, ...]] = (FullAttentionManager,)
+    MAX_GROUPS: ClassVar[int | None] = 1
+
+    @classmethod
+    def unsupported(cls, kv_cache_config: KVCacheConfig, args: dict[str, Any]) -> str | None:
+        """What this class cannot serve of the configuration (``KVCacheManager.__init__``'s ``args`` by
+        name), or None; checked before vLLM's manager is built."""
+        return unsupported_feature(kv_cache_config, args, cls.SERVED_SPECS, cls.MAX_GROUPS)
 
     def __init__(
         self,
@@ -140,7 +161,7 @@ class TagmaKVCacheManager(KVCacheManager):
     ) -> None:
         bound = SIGNATURE.bind(self, kv_cache_config, max_model_len, *args, **kwargs)
         bound.apply_defaults()
-        feature = unsupported_feature(kv_cache_config, bound.arguments)
+        feature = self.unsupported(kv_cache_config, bound.arguments)
         if feature is not None:
             raise TagmaUnsupported(feature)
         policy = resolve_policy(placement_policy)
@@ -150,11 +171,11 @@ class TagmaKVCacheManager(KVCacheManager):
         coordinator = self.coordinator
         if type(coordinator) not in (UnitaryKVCacheCoordinator, KVCacheCoordinatorNoPrefixCache):
             raise TagmaUnsupported(f"KV cache coordinator {type(coordinator).__name__}")
-        (manager,) = coordinator.single_type_managers
-        if type(manager) is not FullAttentionManager:
-            raise TagmaUnsupported(f"single-type manager {type(manager).__name__}")
+        for manager in coordinator.single_type_managers:
+            if type(manager) not in self.SERVED_MANAGERS:
+                raise TagmaUnsupported(f"single-type manager {type(manager).__name__}")
         pool = coordinator.block_pool
-        self._single = manager
+        self._single = coordinator.single_type_managers[0]
         self.policy = policy
         self.policy_name = policy.name.lower()
         self.engine = RangeEngine(num_blocks=pool.num_gpu_blocks, policy=policy)

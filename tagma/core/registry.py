@@ -13,6 +13,9 @@ Variants of one spec:
 * :data:`BLOCK_OBJECTS`: ``$TAGMA_RANGE_MANAGER`` = ``0``, vLLM's block objects and hashes
   (:class:`~tagma.core.manager.TagmaKVCacheManager`).
 
+Sliding-window groups and configurations of several KV cache groups (gpt-oss, Gemma 3, Mistral) get
+:class:`~tagma.core.group_range_manager.GroupRangeKVCacheManager` for caching off; it refuses caching on.
+
 A configuration the chosen class cannot serve (a spec without an entry, several KV cache groups) is refused
 by that class's constructor: such configurations get the :data:`DEFAULT_SPEC` entry, whose managers raise
 ``TagmaUnsupported`` naming the feature.
@@ -23,9 +26,10 @@ from __future__ import annotations
 import os
 from typing import Any, Final
 
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec, SlidingWindowSpec
 
 from tagma.contract import DEFAULT_RANGE_MANAGER, ENV_RANGE_MANAGER
+from tagma.core.group_range_manager import GroupRangeKVCacheManager
 from tagma.core.manager import SIGNATURE, TagmaKVCacheManager
 from tagma.core.prefix_manager import PrefixKVCacheManager
 from tagma.core.range_manager import RangeKVCacheManager
@@ -33,6 +37,7 @@ from tagma.core.range_manager import RangeKVCacheManager
 __all__ = [
     "BLOCK_OBJECTS",
     "DEFAULT_SPEC",
+    "MULTI_GROUP_SPEC",
     "PREFIX_INDEX",
     "RANGES",
     "build_kv_cache_manager",
@@ -52,8 +57,16 @@ spec_manager_map: dict[type[KVCacheSpec], dict[str, type[TagmaKVCacheManager]]] 
         PREFIX_INDEX: PrefixKVCacheManager,
         BLOCK_OBJECTS: TagmaKVCacheManager,
     },
+    # Also every configuration with several KV cache groups (MULTI_GROUP_SPEC). The group manager serves
+    # prefix caching off over full-attention and sliding-window groups and refuses the rest in one line.
+    SlidingWindowSpec: {
+        RANGES: GroupRangeKVCacheManager,
+        PREFIX_INDEX: GroupRangeKVCacheManager,
+        BLOCK_OBJECTS: TagmaKVCacheManager,
+    },
 }
 DEFAULT_SPEC: Final[type[KVCacheSpec]] = FullAttentionSpec
+MULTI_GROUP_SPEC: Final[type[KVCacheSpec]] = SlidingWindowSpec
 
 
 def range_manager_enabled() -> bool:
@@ -69,10 +82,11 @@ def manager_variant(enable_caching: bool, range_manager: bool | None = None) -> 
 
 
 def get_manager_class(kv_cache_config: KVCacheConfig, variant: str) -> type[TagmaKVCacheManager]:
-    """The manager class of ``variant`` for the config's KV cache spec (by exact type; else the
-    :data:`DEFAULT_SPEC` entry, whose constructor refuses what it cannot serve)."""
+    """The manager class of ``variant`` for the config's KV cache spec (by exact type; several groups: the
+    :data:`MULTI_GROUP_SPEC` entry; else the :data:`DEFAULT_SPEC` entry). Constructors refuse what they
+    cannot serve."""
     groups = kv_cache_config.kv_cache_groups
-    spec_type = type(groups[0].kv_cache_spec) if len(groups) == 1 else DEFAULT_SPEC
+    spec_type = type(groups[0].kv_cache_spec) if len(groups) == 1 else MULTI_GROUP_SPEC
     managers = spec_manager_map.get(spec_type) or spec_manager_map[DEFAULT_SPEC]
     return managers[variant]
 

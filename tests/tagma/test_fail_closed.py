@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from tagma import fail_closed  # noqa: E402
+from tagma.contract import ENV_RANGE_MANAGER  # noqa: E402
 from tagma.selector import TagmaConfigError  # noqa: E402
 from tests.tagma.tiny_configs import (  # noqa: E402
     HYBRID_MODEL,
@@ -87,9 +88,32 @@ def test_hybrid_mamba_attention(models: Path) -> None:
     assert refusal(model) == expect("Mamba/hybrid models (mixed attention and state layers)")
 
 
-def test_sliding_window(models: Path) -> None:
+SLIDING_WITH_CACHING = (
+    "sliding-window attention with prefix caching on (sliding_window=64; tagma serves it with "
+    "--no-enable-prefix-caching)"
+)
+
+
+def test_sliding_window_with_prefix_caching_is_refused(models: Path) -> None:
     model = craft_model(models, "mistral-swa", **SLIDING_WINDOW_MODEL)
-    assert refusal(model) == expect("sliding-window attention (sliding_window=64)")
+    assert refusal(model) == expect(SLIDING_WITH_CACHING)
+
+
+def test_sliding_window_without_prefix_caching_is_served(models: Path) -> None:
+    model = craft_model(models, "mistral-swa", **SLIDING_WINDOW_MODEL)
+    config = engine_config(model, additional_config=dict(TAGMA), enable_prefix_caching=False)
+    assert config.scheduler_config.scheduler_cls == "tagma.core.scheduler.TagmaScheduler"
+
+
+def test_sliding_window_with_the_block_object_manager_is_refused(
+    models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_RANGE_MANAGER, "0")
+    model = craft_model(models, "mistral-swa", **SLIDING_WINDOW_MODEL)
+    message = refusal(model, enable_prefix_caching=False)
+    assert message == expect(
+        f"sliding-window attention with {ENV_RANGE_MANAGER}=0 (the block-object manager serves one group)"
+    )
 
 
 def test_sliding_window_disabled_by_the_user_is_full_attention(models: Path) -> None:
@@ -212,7 +236,7 @@ def test_more_than_one_kv_cache_group_is_refused_by_the_scheduler() -> None:
     from tests.tagma.test_plugin import build_scheduler, kv_cache_config
 
     config = engine_config(additional_config=dict(TAGMA))
-    with pytest.raises(ValueError, match=r"^tagma: unsupported: 2 KV cache groups"):
+    with pytest.raises(ValueError, match=r"^tagma: unsupported: prefix caching with .* several KV cache gr"):
         build_scheduler(config, kv_cache_config(num_groups=2))
 
 
@@ -251,7 +275,7 @@ def test_server_exits_with_the_one_line_error_before_loading_the_model(models: P
     elapsed = time.monotonic() - started
     stderr_lines = [line for line in result.stderr.splitlines() if line.strip() and "nanobind" not in line]
     assert result.returncode != 0
-    assert stderr_lines[-1] == expect("sliding-window attention (sliding_window=64)")
+    assert stderr_lines[-1] == expect(SLIDING_WITH_CACHING)
     assert "Traceback" not in result.stderr
     assert "EngineCore" not in result.stderr + result.stdout  # no engine core process was started
     assert elapsed < 120, f"refusal took {elapsed:.0f} s"

@@ -29,7 +29,7 @@ def test_unsupported_configurations_are_refused() -> None:
     )
     mla = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
     cases: list[tuple[KVCacheConfig, dict[str, Any], str]] = [
-        (make_config(16, specs=[sw]), {}, "sliding window"),
+        (make_config(16, specs=[sw]), {}, "sliding.window"),
         (make_config(16, specs=[mla]), {}, "MLA"),
         (make_config(16, specs=[full_spec(), sw]), {}, "KV cache groups"),
         (make_config(16), {"dcp_world_size": 2}, "decode context parallelism"),

@@ -1,0 +1,264 @@
+"""GroupRangeKVCacheManager (full-attention and sliding-window KV cache groups, prefix caching off) against
+vLLM's own KVCacheManager in lockstep: the same admissions, the same blocks held, freed and allocated per
+group and step, null blocks where a window dropped blocks, the same free count; and no block leaked."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
+from vllm.v1.request import Request, RequestStatus
+
+from tagma.core.group_range_manager import GroupRangeKVCacheManager, GroupRangeRelease
+from tagma.core.registry import build_kv_cache_manager
+from tagma.errors import TagmaUnsupported
+from tests.tagma.twin import BLOCK, make_config, manager_kwargs
+
+
+def full() -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
+
+
+def window(tokens: int) -> SlidingWindowSpec:
+    return SlidingWindowSpec(
+        block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=tokens
+    )
+
+
+# The layouts of the tiny families (harness/serve/tiny_families.py), at block 4 and small windows.
+LAYOUTS: dict[str, list[KVCacheSpec]] = {
+    "gpt-oss": [window(8), full()],  # alternating window and full: one group each
+    "mistral": [window(13)],  # every layer slides: one window group
+    "gemma3": [window(9), window(9), window(9), window(9), window(9), full()],  # 5 : 1
+}
+# Pool blocks per layout: the largest request (72 tokens, 18 blocks per group before its window drops any)
+# fits alone, five running together do not.
+POOL_BLOCKS = {"gpt-oss": 44, "mistral": 20, "gemma3": 112}
+
+
+def make_request(rid: str, tokens: list[int]) -> Request:
+    params = SamplingParams(max_tokens=1 << 20)
+    params.update_from_generation_config({}, eos_token_id=100_000)
+    return Request(request_id=rid, prompt_token_ids=list(tokens), sampling_params=params, pooling_params=None)
+
+
+class GroupTwin:
+    """vLLM's manager and tagma's, caching off, driven by the same scheduler-like calls."""
+
+    def __init__(self, specs: list[KVCacheSpec], num_blocks: int, **overrides: Any) -> None:
+        config = make_config(num_blocks, specs=specs)
+        kwargs = manager_kwargs(enable_caching=False, **overrides)
+        self.paged = KVCacheManager(config, **kwargs)
+        self.tagma = build_kv_cache_manager(config, **kwargs)
+        assert type(self.tagma) is GroupRangeKVCacheManager
+        self.requests: dict[str, tuple[Request, Request]] = {}
+        self.num_groups = len(specs)
+
+    def add(self, rid: str, tokens: list[int]) -> None:
+        self.requests[rid] = (make_request(rid, tokens), make_request(rid, tokens))
+
+    def pairs(self, rid: str) -> list[tuple[Any, Request]]:
+        p, t = self.requests[rid]
+        return [(self.paged, p), (self.tagma, t)]
+
+    def schedule(
+        self, rid: str, budget: int | None = None, full_sequence: bool = False, in_flight: int = 0
+    ) -> bool:
+        """``in_flight``: tokens of steps still running (async scheduling), which vLLM keeps out of the
+        window frees (they use the processed-token basis)."""
+        outcomes: list[Any] = []
+        for manager, req in self.pairs(rid):
+            req.num_in_flight_tokens = min(in_flight, req.num_computed_tokens)
+            num_new = req.num_tokens - req.num_computed_tokens
+            if budget is not None:
+                num_new = min(num_new, budget)
+            new = manager.allocate_slots(req, num_new, full_sequence_must_fit=full_sequence)
+            if new is None:
+                outcomes.append(None)
+                continue
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens += num_new
+            outcomes.append(tuple(len(ids) for ids in new.get_block_ids()))
+        assert outcomes[0] == outcomes[1], f"{rid}: paged {outcomes[0]} != tagma {outcomes[1]}"
+        self.check()
+        return outcomes[0] is not None
+
+    def decode(self, rid: str, token: int, in_flight: int = 0) -> bool:
+        for _, req in self.pairs(rid):
+            req.append_output_token_ids(token)
+        return self.schedule(rid, in_flight=in_flight)
+
+    def free(self, rid: str, preempt: bool = False, deferred: bool = False) -> None:
+        for manager, req in self.pairs(rid):
+            if deferred:
+                blocks = manager.pop_blocks_for_free(req)
+                if manager is self.tagma:
+                    assert isinstance(blocks, GroupRangeRelease)
+                if blocks:
+                    manager.block_pool.free_blocks(reversed(blocks))
+            else:
+                manager.free(req)
+            if preempt:
+                req.status = RequestStatus.PREEMPTED
+                req.num_computed_tokens = 0
+        self.check()
+
+    def check(self) -> None:
+        p, t = self.paged, self.tagma
+        assert p.block_pool.get_num_free_blocks() == t.block_pool.get_num_free_blocks()
+        assert p.usage == t.usage
+        stats = t.engine.stats()
+        held = 0
+        for rid in self.requests:
+            paged_groups = [m.req_to_blocks.get(rid, []) for m in p.coordinator.single_type_managers]
+            tagma_ids = t.get_block_ids(rid)
+            for g, blocks in enumerate(paged_groups):
+                ids = tagma_ids[g]
+                assert len(ids) == len(blocks), f"{rid} group {g}: logical blocks differ"
+                assert [i == 0 for i in ids] == [b.is_null for b in blocks], f"{rid} group {g}: null blocks"
+                live = [i for i in ids if i != 0]
+                assert len(live) == t.num_blocks_held(rid, g)
+                held += len(live)
+        assert stats.used_blocks == held
+        assert stats.free_blocks == t.block_pool.get_num_free_blocks()
+        assert all(b.ref_cnt == 0 for b in t.block_pool.blocks), "the group manager touched a KVCacheBlock"
+
+
+def run_workload(twin: GroupTwin, seed: int, num_requests: int, max_running: int, chunk: int | None) -> int:
+    """FIFO admission (full sequence must fit on first admission, as vLLM's scheduler asks with chunked
+    prefill), chunked prefill, decode past the windows, preemption of the last admitted request when a
+    step cannot allocate, resume, finish (half of them deferred frees). Returns the number of preemptions."""
+    rng = random.Random(seed)
+    waiting: list[str] = []
+    out_len: dict[str, int] = {}
+    for i in range(num_requests):
+        rid = f"r{i}"
+        twin.add(rid, [rng.randrange(50_000) for _ in range(rng.randint(1, 8 * BLOCK))])
+        waiting.append(rid)
+        out_len[rid] = rng.randint(1, 10 * BLOCK)
+    running: list[str] = []
+    preemptions = 0
+    steps = 0
+    while waiting or running:
+        steps += 1
+        assert steps < 20_000, "the workload does not finish"
+        for m in (twin.paged, twin.tagma):
+            m.new_step_starts()
+        for rid in list(running):
+            if rid not in running:
+                continue
+            req = twin.requests[rid][1]
+            while True:
+                in_flight = rng.choice((0, 0, 1, 2 * BLOCK))
+                if req.num_computed_tokens < req.num_tokens:
+                    ok = twin.schedule(rid, budget=chunk, in_flight=in_flight)
+                else:
+                    ok = twin.decode(rid, rng.randrange(50_000), in_flight=in_flight)
+                if ok:
+                    break
+                victim = running.pop()
+                twin.free(victim, preempt=True)
+                waiting.insert(0, victim)
+                preemptions += 1
+                if victim == rid:
+                    break
+            if rid in running and req.num_output_tokens >= out_len[rid]:
+                running.remove(rid)
+                twin.free(rid, deferred=rng.random() < 0.5)
+        while waiting and len(running) < max_running:
+            rid = waiting[0]
+            if not twin.schedule(rid, budget=chunk, full_sequence=True):
+                break
+            running.append(waiting.pop(0))
+    return preemptions
+
+
+def assert_no_leak(manager: GroupRangeKVCacheManager) -> None:
+    stats = manager.engine.stats()
+    assert stats.used_blocks == 0 and stats.live_requests == 0
+    assert manager.block_pool.get_num_free_blocks() == manager.block_pool.num_gpu_blocks - 1
+    assert not manager._reqs
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize(("seed", "chunk", "in_flight"), [(0, None, None), (1, 5, None), (2, 3, 6)])
+def test_group_manager_matches_vllm_under_pressure(
+    layout: str, seed: int, chunk: int | None, in_flight: int | None
+) -> None:
+    """``in_flight``: vLLM's max_in_flight_tokens, which sets the window groups' admission cap."""
+    specs = LAYOUTS[layout]
+    twin = GroupTwin(specs, num_blocks=POOL_BLOCKS[layout], max_in_flight_tokens=in_flight)
+    preemptions = run_workload(twin, seed, num_requests=40, max_running=5, chunk=chunk)
+    assert preemptions > 0, "the pool is meant to be small enough to preempt"
+    assert_no_leak(twin.tagma)
+
+
+def test_window_group_holds_what_vllm_holds_in_decode() -> None:
+    """A long decode: the window group's footprint stays at vLLM's bound while the full group grows."""
+    twin = GroupTwin(LAYOUTS["gpt-oss"], num_blocks=64)
+    twin.add("a", list(range(3 * BLOCK)))
+    assert twin.schedule("a")
+    for token in range(20 * BLOCK):
+        assert twin.decode("a", token)
+        window_held = twin.tagma.num_blocks_held("a", 0)
+        assert window_held <= -(-(8 - 1) // BLOCK) + 1
+    assert twin.tagma.num_blocks_dropped("a", 0) > 15
+    assert twin.tagma.num_blocks_held("a", 1) == -(-twin.requests["a"][1].num_computed_tokens // BLOCK)
+    twin.free("a")
+    assert_no_leak(twin.tagma)
+
+
+def test_window_frees_wait_for_in_flight_steps() -> None:
+    """Async scheduling: blocks the in-flight prefill still reads stay allocated; once its output is
+    processed the next allocation frees them (vLLM's test_swa_inflight_window_free, on tagma's counts)."""
+    twin = GroupTwin([window(16)], num_blocks=64)
+    twin.add("a", list(range(98)))
+    assert twin.schedule("a")  # the prefill: 25 blocks, in flight from here on
+    free_after_prefill = twin.tagma.block_pool.get_num_free_blocks()
+    assert twin.decode("a", 7, in_flight=98)  # the prefill's output is not processed yet
+    assert twin.tagma.num_blocks_dropped("a", 0) == 0
+    assert twin.tagma.block_pool.get_num_free_blocks() == free_after_prefill
+    assert twin.decode("a", 8, in_flight=1)  # processed: the decode step alone is in flight
+    dropped = (98 - 16 + 1) // BLOCK  # the processed tokens (99 - 1) less the window
+    assert twin.tagma.num_blocks_dropped("a", 0) == dropped
+    assert twin.tagma.block_pool.get_num_free_blocks() == free_after_prefill + dropped
+    twin.free("a")
+    assert_no_leak(twin.tagma)
+
+
+def test_admission_cap_and_remaining_blocks_match_the_coordinator() -> None:
+    twin = GroupTwin(LAYOUTS["gpt-oss"], num_blocks=40)
+    twin.add("a", list(range(30 * BLOCK)))
+    for cap in (False, True):
+        for tokens in (1, BLOCK, 7 * BLOCK + 1, 30 * BLOCK):
+            counts = [
+                m.coordinator.get_num_blocks_to_allocate(
+                    request_id="a", num_tokens=tokens, new_computed_blocks=m.empty_kv_cache_blocks.blocks,
+                    num_encoder_tokens=0, total_computed_tokens=0, num_local_computed_tokens=0,
+                    num_tokens_main_model=tokens, apply_admission_cap=cap,
+                )
+                for m in (twin.paged, twin.tagma)
+            ]
+            assert counts[0] == counts[1], (cap, tokens)
+
+
+def test_prefix_caching_on_is_refused_in_one_line() -> None:
+    config = make_config(16, specs=LAYOUTS["gpt-oss"])
+    with pytest.raises(TagmaUnsupported, match="prefix caching with sliding-window attention"):
+        build_kv_cache_manager(config, **manager_kwargs(enable_caching=True))
+
+
+def test_other_group_kinds_are_refused_by_name() -> None:
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec
+
+    chunked = ChunkedLocalAttentionSpec(
+        block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32, attention_chunk_size=8
+    )
+    config = make_config(16, specs=[full(), chunked])
+    with pytest.raises(TagmaUnsupported, match="chunked local attention"):
+        build_kv_cache_manager(config, **manager_kwargs(enable_caching=False))
