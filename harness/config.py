@@ -45,6 +45,9 @@ class ModelConfig:
     build_tiny: bool = False  # build the tiny local model into `path` first
     family: str = "llama"  # which tiny model build_tiny builds (harness.serve.tiny_families)
     dtype: str | None = None  # the dtype the model needs (vLLM for CPU: MoE, GDN, MLA want bfloat16)
+    # Server arguments the model needs on both arms, after server.extra_args (sliding-window models:
+    # --no-enable-prefix-caching, the configuration tagma serves them in)
+    server_args: tuple[str, ...] = ()
 
     @property
     def tokenizer_dir(self) -> Path:
@@ -174,8 +177,10 @@ def from_mapping(cfg: dict[str, Any]) -> BenchConfig:
     server["env"] = {str(k): str(v) for k, v in (server.get("env") or {}).items()}
     workload = dict(cfg["workload"])
     workload.setdefault("max_model_len", server.get("max_model_len"))
+    model = dict(cfg["model"])
+    model["server_args"] = tuple(str(a) for a in model.get("server_args") or ())
     return BenchConfig(
-        model=ModelConfig(**cfg["model"]),
+        model=ModelConfig(**model),
         server=ServerConfig(**server),
         workload=WorkloadSpec.from_dict(workload),
         load=LoadSpec(**cfg["load"]),

@@ -65,7 +65,7 @@ def server_spec(cfg: BenchConfig, arm: Arm, run_dir: Path) -> ServerSpec:
         max_model_len=s.max_model_len,
         kv_cache_space_gib=s.kv_cache_space_gib,
         num_gpu_blocks_override=s.num_gpu_blocks_override,
-        extra_args=s.extra_args,
+        extra_args=(*s.extra_args, *cfg.model.server_args),
         env=env,
         startup_timeout_s=s.startup_timeout_s,
     )

@@ -64,15 +64,24 @@ def test_each_family_is_a_model_option_served_in_the_dtype_it_needs(name: str) -
     assert bench.model.path == f"/tmp/tagma-repo/data/tiny-{name}"
     from harness.designs.server_run import server_spec
 
-    assert server_spec(bench, bench.arms[1], Path("/tmp/run")).dtype == FAMILIES[name].dtype
+    spec = server_spec(bench, bench.arms[1], Path("/tmp/run"))
+    assert spec.dtype == FAMILIES[name].dtype
+    # tagma serves the sliding-window families with prefix caching off; both arms run so
+    window = name in ("gpt-oss", "gemma3", "mistral")
+    assert ("--no-enable-prefix-caching" in spec.extra_args) == window
+    assert server_spec(bench, bench.arms[0], Path("/tmp/run")).extra_args == spec.extra_args
 
 
 @pytest.mark.slow
 def test_every_family_serves_paged_on_this_vllm(families: dict[str, Path], tmp_path: Path) -> None:
-    """What tagma must match: vLLM for CPU serves each family (greedy, a prompt past gpt-oss's window)."""
+    """What tagma must match: vLLM for CPU serves each family (greedy). The sliding-window families are
+    served paged and tagma side by side in tests/tagma/test_window_serving.py; only the others start here."""
     from harness.serve.launcher import Server, ServerSpec
+    from tests.tagma.test_window_serving import WINDOW_FAMILIES
 
     for name, path in families.items():
+        if name in WINDOW_FAMILIES:
+            continue
         spec = ServerSpec(model=str(path), dtype=FAMILIES[name].dtype, max_model_len=2048,
                           kv_cache_space_gib=1, extra_args=("--max-num-seqs", "4"))  # fmt: skip
         with Server(spec, tmp_path / f"{name}.log") as server:
