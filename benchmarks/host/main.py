@@ -7,7 +7,8 @@ fragmentation (per placement policy), prefix_index (the engine's token-keyed ind
 and get_computed_blocks), profile (cProfile of the manager operations), inserver (KV cache manager CPU per
 step read from the newest ``make bench-inserver`` serve run), trace_replay (a request trace with prefix
 sharing through both managers; ``trace=PATH`` picks a JSONL trace, default the shipped Mooncake conversation
-trace). Sizes and repeats come from ``configs/host_bench.yaml`` and its ``size`` group
+trace), groups (hybrid window + full layouts: vLLM's coordinator vs tagma's group manager). Sizes and
+repeats come from ``configs/host_bench.yaml`` and its ``size`` group
 (``size=smoke`` for a tiny run).
 
 Writes ``<out_dir>/host_bench.json`` (machine, versions, commit, load average; every measurement's median,
@@ -35,7 +36,7 @@ log = logging.getLogger("benchmarks.host")
 
 SECTIONS = (
     "engine_ops", "manager", "prefix_ops", "write_path", "block_table_traffic", "fragmentation",
-    "prefix_index", "profile", "inserver", "trace_replay",
+    "prefix_index", "profile", "inserver", "trace_replay", "groups",
 )  # fmt: skip
 
 
@@ -73,6 +74,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         block_table_traffic,
         engine_ops,
         fragmentation,
+        group_ops,
         inserver,
         manager_ops,
         prefix_index,
@@ -137,6 +139,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "profile": lambda: profiles.run(cfg),
         "inserver": lambda: inserver.run(cfg),  # read from a serve run (make bench-inserver), not timed
         "trace_replay": lambda: trace_family_replay.section(cfg),
+        "groups": lambda: group_ops.run(cfg),
     }
     for name in wanted:
         log.info("section %s ...", name)
@@ -150,6 +153,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     result["duration_s"] = round(time.time() - started, 2)
     result["checks"] = {
         "manager_outcomes_identical": result["sections"].get("manager", {}).get("outcomes_identical"),
+        "group_outcomes_identical": result["sections"].get("groups", {}).get("outcomes_identical"),
         "prefix_ops_outcomes_identical": result["sections"].get("prefix_ops", {}).get("outcomes_identical"),
         "write_path_slot_mappings_identical": result["sections"].get("write_path", {}).get("all_identical"),
         "block_table_slot_mappings_identical": result["sections"]

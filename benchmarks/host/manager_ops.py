@@ -50,7 +50,10 @@ from benchmarks.host import hashing
 from benchmarks.host.timing import calibrate, interleaved, pair_entry, timed_ns
 from tagma.core.registry import build_kv_cache_manager as TagmaKVCacheManager
 
-__all__ = ["build_managers", "make_request", "run", "vllm_manager"]
+__all__ = [
+    "build_managers", "make_request", "per_request_samples", "run", "run_decode_steps", "traced_admissions",
+    "vllm_manager",
+]  # fmt: skip
 
 init_none_hash(sha256)
 
@@ -195,6 +198,27 @@ def admission_free(
 # ------------------------------------------------------------------------------------- resident bytes
 
 
+def traced_admissions(
+    manager: KVCacheManager, reqs: list[Request], after_admit: Callable[[Request], Any] | None = None
+) -> tuple[list[tuple[int, int | None]], float]:
+    """Admit ``reqs`` (then ``after_admit(req)``) under tracemalloc: (the admissions' outcomes, Python heap
+    bytes the manager then holds per request)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        log = []
+        for req in reqs:
+            log.append(admit(manager, req))
+            if after_admit is not None:
+                after_admit(req)
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    return log, (after - before) / len(reqs)
+
+
 def resident_bytes(
     cfg: dict[str, Any], context: int, caching: bool, outcomes: dict[str, list[Any]]
 ) -> dict[str, Any]:
@@ -208,17 +232,8 @@ def resident_bytes(
     for side in SIDES:
         manager = managers[side]
         reqs = [make_request(f"m{i}", prompts[i], block_size, caching) for i in range(count)]
-        gc.collect()
-        tracemalloc.start()
-        try:
-            before = tracemalloc.get_traced_memory()[0]
-            log = [admit(manager, req) for req in reqs]
-            gc.collect()
-            after = tracemalloc.get_traced_memory()[0]
-        finally:
-            tracemalloc.stop()
+        log, per_request[side] = traced_admissions(manager, reqs)
         outcomes[side].append(("resident", log))
-        per_request[side] = (after - before) / count
         for req in reqs:
             manager.free(req)
     return {
@@ -270,7 +285,6 @@ def decode_step(
     del prompts
     setup_s = time.perf_counter() - build_start
     token_rng = np.random.default_rng(cfg["seed"])
-    step_ns: dict[str, list[int]] = {s: [] for s in SIDES}
 
     def one_step(side: str) -> int:
         manager = managers[side]
@@ -293,26 +307,8 @@ def decode_step(
         outcomes[side].append((tuple(new_counts), manager.usage))
         return ns
 
-    gc.collect()
-    gc.freeze()  # the collector skips the requests' and managers' objects (see benchmarks.host.timing)
-    try:
-        for step in range(steps):
-            token = int(token_rng.integers(0, 256))
-            for side in SIDES:
-                for req in running[side]:
-                    req.append_output_token_ids(token)  # the scheduler's update_from_output, untimed
-            for side in SIDES if step % 2 == 0 else reversed(SIDES):
-                step_ns[side].append(one_step(side))
-    finally:
-        gc.unfreeze()
-    per_sample = {
-        side: [
-            sum(step_ns[side][warmup_steps + k * block_size : warmup_steps + (k + 1) * block_size])
-            / (block_size * requests)
-            for k in range(repeats)
-        ]
-        for side in SIDES
-    }
+    step_ns = run_decode_steps(running, one_step, steps, token_rng)
+    per_sample = per_request_samples(step_ns, warmup_steps, block_size, requests, repeats)
     entry = pair_entry(
         per_sample["paged"],
         per_sample["tagma"],
@@ -333,6 +329,47 @@ def decode_step(
         for req in running[side]:
             managers[side].free(req)
     return entry
+
+
+def run_decode_steps(
+    running: dict[str, list[Request]],
+    one_step: Callable[[str], int],
+    steps: int,
+    token_rng: np.random.Generator,
+) -> dict[str, list[int]]:
+    """``steps`` decode steps of each side's running requests, the sides alternating which goes first. Each
+    step appends the same sampled token to every request first (the scheduler's update_from_output, untimed),
+    then records ``one_step(side)`` (ns). The collector skips the requests' and managers' objects meanwhile
+    (see benchmarks.host.timing)."""
+    step_ns: dict[str, list[int]] = {s: [] for s in SIDES}
+    gc.collect()
+    gc.freeze()
+    try:
+        for step in range(steps):
+            token = int(token_rng.integers(0, 256))
+            for side in SIDES:
+                for req in running[side]:
+                    req.append_output_token_ids(token)
+            for side in SIDES if step % 2 == 0 else reversed(SIDES):
+                step_ns[side].append(one_step(side))
+    finally:
+        gc.unfreeze()
+    return step_ns
+
+
+def per_request_samples(
+    step_ns: dict[str, list[int]], warmup_steps: int, block_size: int, requests: int, repeats: int
+) -> dict[str, list[float]]:
+    """Per side, ``repeats`` samples of ns per request-step, each over ``block_size`` consecutive steps after
+    the warm-up (so every request crosses exactly one block boundary in each sample)."""
+    return {
+        side: [
+            sum(step_ns[side][warmup_steps + k * block_size : warmup_steps + (k + 1) * block_size])
+            / (block_size * requests)
+            for k in range(repeats)
+        ]
+        for side in SIDES
+    }
 
 
 # ----------------------------------------------------------------------------------------- prefix hit

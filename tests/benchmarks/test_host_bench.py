@@ -98,6 +98,7 @@ def test_paired_paths_computed_the_same(smoke: tuple[dict[str, Any], Path]) -> N
     result, _ = smoke
     assert result["checks"] == {
         "manager_outcomes_identical": True,
+        "group_outcomes_identical": True,
         "prefix_ops_outcomes_identical": True,
         "write_path_slot_mappings_identical": True,
         "block_table_slot_mappings_identical": True,
@@ -139,6 +140,19 @@ def test_sections_cover_the_configured_sizes(smoke: tuple[dict[str, Any], Path])
         assert trace["paged_vllm_blockpool"]["finished"] == trace["jobs"]
     assert sections["profile"]["admission_free_caching_on_tagma"]["top"]
     assert result["headline"] and all("met" in row for row in result["headline"])
+    groups = sections["groups"]
+    gcfg = cfg["groups"]
+    combos = {(layout, bs) for layout in gcfg["layouts"] for bs in gcfg["block_sizes"]}
+    for key in ("admission_free", "decode_step", "resident_bytes"):
+        assert {(e["layout"], e["block_size"]) for e in groups[key]} == combos, key
+    for e in groups["decode_step"]:
+        held = e["window_blocks_held"]
+        assert 0 < held["tagma"] == held["paged"] <= e["window_blocks_held_by_vllm_bound"]
+        churn = e["churn_per_request_step"]
+        assert churn["tagma"]["blocks_freed"] == churn["paged"]["blocks_freed"]
+        assert churn["tagma"]["blocks_allocated"] == churn["paged"]["blocks_allocated"] > 0
+    group_rows = [r for r in result["headline"] if r["metric"].startswith(("hybrid", "window-group"))]
+    assert len(group_rows) == 4 * len(combos) and all(r["met"] is not None for r in group_rows)
 
 
 def test_vllm_with_xxhash_is_a_third_side_where_hashing_is_timed(smoke: tuple[dict[str, Any], Path]) -> None:

@@ -15,6 +15,7 @@ from benchmarks.host.report import (
     block_table_traffic,
     engine_ops,
     fragmentation,
+    group_ops,
     inserver,
     manager_ops,
     prefix_index,
@@ -40,10 +41,11 @@ SECTIONS: dict[str, tuple[Any, str | None]] = {
     "inserver": (inserver, None),  # no figure: the serve run's report has its own
     "prefix_index": (prefix_index, "prefix_index.png"),
     "trace_replay": (trace_replay, "trace_replay.png"),
+    "groups": (group_ops, "groups.png"),
 }
 FIGURE_ORDER = (
     "engine_ops", "manager", "prefix_ops", "write_path", "block_table_traffic", "fragmentation",
-    "prefix_index", "trace_replay",
+    "prefix_index", "trace_replay", "groups",
 )  # fmt: skip
 
 

@@ -83,6 +83,11 @@ TARGETS: dict[str, Target] = {
                             "none rejected", 4.0, "max"),
     "trace_hit_rate": Target("hit rate on the conversation trace at equal pool size: tagma within 1 point "
                              "of vLLM", 1.0, "points"),
+    # Hybrid layouts (sliding window + full attention groups), against vLLM's coordinator and managers.
+    "group_decode_step": Target(">= 3x cheaper than vLLM's hybrid coordinator", 3.0),
+    "group_admission_free": Target(">= 10x cheaper than vLLM's hybrid coordinator", 10.0),
+    "group_window_blocks": Target("window groups hold <= vLLM's blocks per request", 1.0, "ratio"),
+    "group_resident_bytes": Target(">= 10x fewer Python bytes per resident request than vLLM", 10.0),
 }
 # The target is measured on the range manager's placement under TAGMA_PLACEMENT=reserve (its default
 # admission 100/4), hinted prompt + output; "saturated" means vLLM's paged pool preempts in that trace.
