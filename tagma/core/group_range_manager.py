@@ -27,17 +27,15 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, SlidingWindowManager
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, SlidingWindowSpec
-from vllm.v1.request import Request, RequestStatus
+from vllm.v1.request import Request
 
 from tagma.core.block_pool import RangeRelease
-from tagma.core.manager import TagmaKVCacheManager
+from tagma.core.manager import NO_TOKENS_MESSAGE, WAITING_STATUSES, TagmaKVCacheManager
 from tagma.core.range_manager import ids_from_runs
 from tagma.errors import TagmaUnsupported
 
 __all__ = ["GroupBlocks", "GroupRangeKVCacheManager", "GroupRangeRelease"]
 
-_WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-_NO_TOKENS = "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
 
 
 class GroupRangeRelease(RangeRelease):
@@ -255,14 +253,14 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
         if num_external_computed_tokens:
             raise TagmaUnsupported("KV connector tokens (external computed tokens)")
         if num_new_tokens == 0:
-            raise ValueError(_NO_TOKENS)
+            raise ValueError(NO_TOKENS_MESSAGE)
         rid = request.request_id
         state = self._reqs.get(rid)
         max_len = self.max_model_len
         computed = request.num_computed_tokens
         clamped = computed if computed < max_len else max_len
         pool = self.block_pool
-        watermark = self.watermark_blocks if has_scheduled_reqs and request.status in _WAITING else 0
+        watermark = self.watermark_blocks if has_scheduled_reqs and request.status in WAITING_STATUSES else 0
         if full_sequence_must_fit:
             full = request.num_tokens if request.num_tokens < max_len else max_len
             if self._to_allocate(state, full, clamped, True) + watermark > pool._num_free:

@@ -51,7 +51,9 @@ ENV_POLICY = ENV_PLACEMENT
 DEFAULT_POLICY = DEFAULT_PLACEMENT
 
 SIGNATURE = inspect.signature(KVCacheManager.__init__)
-_WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+# Shared by every manager: the statuses that pay the watermark, and vLLM's message for an empty allocation
+WAITING_STATUSES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+NO_TOKENS_MESSAGE = "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
 
 # Most specific first: MLAAttentionSpec subclasses FullAttentionSpec.
 _SPEC_FEATURES: tuple[tuple[type, str], ...] = (
@@ -187,7 +189,7 @@ class TagmaKVCacheManager(KVCacheManager):
     def allocate_slots(
         self, request: Request, num_new_tokens: int, *args: Any, num_lookahead_tokens: int = 0, **kwargs: Any
     ) -> KVCacheBlocks | None:
-        if not args and not kwargs and num_new_tokens > 0 and request.status not in _WAITING:
+        if not args and not kwargs and num_new_tokens > 0 and request.status not in WAITING_STATUSES:
             # The scheduler's call for a running request. vLLM's own fast path would find no block to
             # allocate and no full block to cache: answer that without going through the coordinator.
             single = self._single

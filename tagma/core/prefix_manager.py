@@ -38,10 +38,10 @@ from typing import Any
 import numpy as np
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.kv_cache_interface import KVCacheConfig
-from vllm.v1.request import Request, RequestStatus
+from vllm.v1.request import Request
 
 from tagma.contract import DEFAULT_PREFIX_EVICTION, ENV_PLACEMENT, ENV_PREFIX_EVICTION
-from tagma.core.manager import SIGNATURE
+from tagma.core.manager import NO_TOKENS_MESSAGE, SIGNATURE, WAITING_STATUSES
 from tagma.core.range_manager import RangeBlocks, RangeKVCacheManager
 from tagma.engine import Policy, _raise
 from tagma.engine.prefix_index import EvictionMode, PrefixIndex
@@ -53,8 +53,6 @@ logger = logging.getLogger("vllm.tagma")
 
 DEFAULT_EVICTION = DEFAULT_PREFIX_EVICTION
 
-_WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-_NO_TOKENS = "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
 HASHED_REQUEST_WARNING = "tagma: a request arrived with vLLM block hashes (the engine core hashed it)"
 _LOST = 1 << 62  # "indexed up to" of a request whose index cursor was lost: nothing more to insert
 
@@ -282,7 +280,7 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         if num_encoder_tokens:
             raise TagmaUnsupported("encoder tokens (cross-attention)")
         if num_new_tokens == 0 and not num_external_computed_tokens and not num_new_computed_tokens:
-            raise ValueError(_NO_TOKENS)
+            raise ValueError(NO_TOKENS_MESSAGE)
         bs = self.block_size
         rid = request.request_id
         held = self._held.get(rid, 0)
@@ -305,7 +303,7 @@ class PrefixKVCacheManager(RangeKVCacheManager):
             need = 0
         pool = self.block_pool
         free = pool._num_free
-        watermark = self.watermark_blocks if has_scheduled_reqs and request.status in _WAITING else 0
+        watermark = self.watermark_blocks if has_scheduled_reqs and request.status in WAITING_STATUSES else 0
         evictable = -1  # computed only when the check could fail on it
         if full_sequence_must_fit:
             full = request.num_tokens if request.num_tokens < max_len else max_len

@@ -39,17 +39,15 @@ import numpy as np
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.kv_cache_interface import KVCacheConfig
-from vllm.v1.request import Request, RequestStatus
+from vllm.v1.request import Request
 
 from tagma.core.block_pool import RangeRelease
-from tagma.core.manager import TagmaKVCacheManager, reserve_admission
+from tagma.core.manager import NO_TOKENS_MESSAGE, WAITING_STATUSES, TagmaKVCacheManager, reserve_admission
 from tagma.engine import AppendBatch, I32Array, NoSpaceError, Policy, TagmaError, _raise, hot_function
 from tagma.errors import TagmaUnsupported
 
 __all__ = ["RangeBlocks", "RangeKVCacheManager"]
 
-_WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-_NO_TOKENS = "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
 
 
 def ids_from_runs(runs: list[int], table: list[int]) -> list[int]:
@@ -230,7 +228,7 @@ class RangeKVCacheManager(TagmaKVCacheManager):
         if num_new_computed_tokens or num_encoder_tokens:
             self._refuse_adopt(num_new_computed_tokens, num_encoder_tokens)
         if num_new_tokens == 0 and not num_external_computed_tokens:
-            raise ValueError(_NO_TOKENS)
+            raise ValueError(NO_TOKENS_MESSAGE)
         rid = request.request_id
         held = self._held.get(rid, 0)
         max_len = self.max_model_len
@@ -245,7 +243,7 @@ class RangeKVCacheManager(TagmaKVCacheManager):
         if need < 0:
             need = 0
         pool = self.block_pool
-        watermark = self.watermark_blocks if has_scheduled_reqs and request.status in _WAITING else 0
+        watermark = self.watermark_blocks if has_scheduled_reqs and request.status in WAITING_STATUSES else 0
         if full_sequence_must_fit:
             full = request.num_tokens if request.num_tokens < max_len else max_len
             full_need = -(-full // bs) - held
