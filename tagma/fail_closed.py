@@ -105,8 +105,17 @@ def _diffusion(c: Any) -> str | None:
     return None
 
 
+# Speculative methods tagma serves: the proposer needs no KV cache of its own, so the manager sees only
+# lookahead tokens (allocated with the step's tokens; a rejected token's slot is rewritten next step).
+SERVED_SPECULATIVE_METHODS = ("ngram",)
+
+
 def _speculative(c: Any) -> str | None:
-    return "speculative decoding (--speculative-config)" if c.speculative_config is not None else None
+    spec = c.speculative_config
+    if spec is None or spec.method in SERVED_SPECULATIVE_METHODS:
+        return None
+    method = spec.method
+    return f"speculative decoding with a drafter that holds KV cache (--speculative-config method={method})"
 
 
 def _kv_connector(c: Any) -> str | None:

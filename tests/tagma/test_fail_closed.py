@@ -30,6 +30,7 @@ from tests.tagma.tiny_configs import (  # noqa: E402
     REPO,
     SLIDING_WINDOW_MODEL,
     TAGMA,
+    TINY_MODEL,
     craft_model,
     engine_config,
 )
@@ -168,9 +169,22 @@ def test_diffusion_model(tagma_config: Any) -> None:
 # ---------------------------------------------------------------- engine features
 
 
-def test_speculative_decoding() -> None:
+def test_ngram_speculative_decoding_is_served() -> None:
+    """ngram proposes from the prompt: no KV cache of its own, only the target's tokens (served in
+    tests/tagma/test_speculative_serving.py)."""
     spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
-    assert refusal(speculative_config=spec) == expect("speculative decoding (--speculative-config)")
+    config = engine_config(additional_config=dict(TAGMA), speculative_config=spec)
+    assert fail_closed.unsupported_features(config) == []
+
+
+# A drafter model (the tiny model drafting for itself): its layers take KV cache slots tagma does not place
+DRAFT_MODEL_SPEC = {"method": "draft_model", "model": str(TINY_MODEL), "num_speculative_tokens": 2}
+
+
+def test_speculative_drafter_with_kv_cache_is_refused() -> None:
+    assert refusal(speculative_config=DRAFT_MODEL_SPEC) == expect(
+        "speculative decoding with a drafter that holds KV cache (--speculative-config method=draft_model)"
+    )
 
 
 def test_kv_connector() -> None:
@@ -247,10 +261,10 @@ def test_kv_cache_dtype_alone_is_supported() -> None:
 
 
 def test_every_feature_is_named_on_one_line() -> None:
-    spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
-    message = refusal(speculative_config=spec, pipeline_parallel_size=2)
+    message = refusal(speculative_config=DRAFT_MODEL_SPEC, pipeline_parallel_size=2)
     assert message == (
-        "tagma: unsupported: speculative decoding (--speculative-config); "
+        "tagma: unsupported: speculative decoding with a drafter that holds KV cache "
+        "(--speculative-config method=draft_model); "
         f"pipeline parallelism (--pipeline-parallel-size 2; untested){HINT}"
     )
 

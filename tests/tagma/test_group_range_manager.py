@@ -67,17 +67,26 @@ class GroupTwin:
         return [(self.paged, p), (self.tagma, t)]
 
     def schedule(
-        self, rid: str, budget: int | None = None, full_sequence: bool = False, in_flight: int = 0
+        self,
+        rid: str,
+        budget: int | None = None,
+        full_sequence: bool = False,
+        in_flight: int = 0,
+        drafts: int = 0,
+        lookahead: int = 0,
     ) -> bool:
         """``in_flight``: tokens of steps still running (async scheduling), which vLLM keeps out of the
-        window frees (they use the processed-token basis)."""
+        window frees (they use the processed-token basis). ``drafts``: speculative tokens scheduled with a
+        decode step; ``lookahead``: the scheduler's extra slots for a drafter's KV."""
         outcomes: list[Any] = []
         for manager, req in self.pairs(rid):
             req.num_in_flight_tokens = min(in_flight, req.num_computed_tokens)
-            num_new = req.num_tokens - req.num_computed_tokens
+            num_new = req.num_tokens - req.num_computed_tokens + drafts
             if budget is not None:
                 num_new = min(num_new, budget)
-            new = manager.allocate_slots(req, num_new, full_sequence_must_fit=full_sequence)
+            new = manager.allocate_slots(
+                req, num_new, num_lookahead_tokens=lookahead, full_sequence_must_fit=full_sequence
+            )
             if new is None:
                 outcomes.append(None)
                 continue
@@ -92,6 +101,21 @@ class GroupTwin:
         for _, req in self.pairs(rid):
             req.append_output_token_ids(token)
         return self.schedule(rid, in_flight=in_flight)
+
+    def speculate(self, rid: str, drafts: int, rejected: int, lookahead: int, in_flight: int = 0) -> bool:
+        """A decode step with ``drafts`` speculative tokens of which ``rejected`` fail verification: the
+        scheduler takes the rejected ones back off ``num_computed_tokens`` (their slots are rewritten by
+        the next step) and the accepted ones plus the bonus token become output."""
+        for _, req in self.pairs(rid):
+            if req.num_computed_tokens == req.num_tokens:  # the prefill's sampled token
+                req.append_output_token_ids(7)
+        if not self.schedule(rid, in_flight=in_flight, drafts=drafts, lookahead=lookahead):
+            return False
+        for _, req in self.pairs(rid):
+            req.num_computed_tokens -= rejected
+            req.append_output_token_ids([7] * (drafts - rejected + 1))
+        self.check()
+        return True
 
     def free(self, rid: str, preempt: bool = False, deferred: bool = False) -> None:
         for manager, req in self.pairs(rid):
@@ -129,10 +153,19 @@ class GroupTwin:
         assert all(b.ref_cnt == 0 for b in t.block_pool.blocks), "the group manager touched a KVCacheBlock"
 
 
-def run_workload(twin: GroupTwin, seed: int, num_requests: int, max_running: int, chunk: int | None) -> int:
+def run_workload(
+    twin: GroupTwin,
+    seed: int,
+    num_requests: int,
+    max_running: int,
+    chunk: int | None,
+    spec_tokens: int = 0,
+    lookahead: int = 0,
+) -> int:
     """FIFO admission (full sequence must fit on first admission, as vLLM's scheduler asks with chunked
-    prefill), chunked prefill, decode past the windows, preemption of the last admitted request when a
-    step cannot allocate, resume, finish (half of them deferred frees). Returns the number of preemptions."""
+    prefill), chunked prefill, decode past the windows (with up to ``spec_tokens`` drafts per step, some
+    rejected), preemption of the last admitted request when a step cannot allocate, resume, finish (half of
+    them deferred frees). Returns the number of preemptions."""
     rng = random.Random(seed)
     waiting: list[str] = []
     out_len: dict[str, int] = {}
@@ -155,8 +188,13 @@ def run_workload(twin: GroupTwin, seed: int, num_requests: int, max_running: int
             req = twin.requests[rid][1]
             while True:
                 in_flight = rng.choice((0, 0, 1, 2 * BLOCK))
-                if req.num_computed_tokens < req.num_tokens:
-                    ok = twin.schedule(rid, budget=chunk, in_flight=in_flight)
+                if req.num_computed_tokens < req.num_tokens - 1 or (
+                    req.num_computed_tokens < req.num_tokens and not spec_tokens
+                ):
+                    ok = twin.schedule(rid, budget=chunk, in_flight=in_flight, lookahead=lookahead)
+                elif spec_tokens:
+                    drafts = rng.randint(0, spec_tokens)
+                    ok = twin.speculate(rid, drafts, rng.randint(0, drafts), lookahead, in_flight=in_flight)
                 else:
                     ok = twin.decode(rid, rng.randrange(50_000), in_flight=in_flight)
                 if ok:
@@ -194,6 +232,18 @@ def test_group_manager_matches_vllm_under_pressure(
     specs = LAYOUTS[layout]
     twin = GroupTwin(specs, num_blocks=POOL_BLOCKS[layout], max_in_flight_tokens=in_flight)
     preemptions = run_workload(twin, seed, num_requests=40, max_running=5, chunk=chunk)
+    assert preemptions > 0, "the pool is meant to be small enough to preempt"
+    assert_no_leak(twin.tagma)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize(("spec_tokens", "lookahead"), [(3, 0), (4, 4)])
+def test_speculative_steps_match_vllm(layout: str, spec_tokens: int, lookahead: int) -> None:
+    """Speculative decoding: drafts scheduled with each decode step, rejected ones taken back, and the
+    lookahead slots a drafter would write (ngram has none): the same blocks per group as vLLM, null
+    blocks where the window dropped them, no leak."""
+    twin = GroupTwin(LAYOUTS[layout], num_blocks=POOL_BLOCKS[layout])
+    preemptions = run_workload(twin, 3, 30, 5, chunk=5, spec_tokens=spec_tokens, lookahead=lookahead)
     assert preemptions > 0, "the pool is meant to be small enough to preempt"
     assert_no_leak(twin.tagma)
 
