@@ -3,9 +3,10 @@
 The sources are ``findings/sources.yaml``: the collected maps (``findings/maps/<map id>.json``, written by
 :mod:`harness.regime.collect`), the GPU projection's published inputs, and the GPU runs (``findings/gpu/``,
 copied from ``results/gpu/`` of a run on a GPU: ``python -m benchmarks.gpu.decode_step``, ``python -m
-benchmarks.gpu``). Every number in the document is
-read from those files, and every table row names the run it came from (``<map id>/<job>``, its runs, the
-commit and the machine), so the document can be checked against them line by line.
+benchmarks.gpu``), and one full-size bench-host run (``findings/host/``, from ``results/host/``). Every
+number in the document is read from those files, and every table row names the run it came from
+(``<map id>/<job>``, its runs, the commit and the machine), so the document can be checked against
+them line by line.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from harness.files import read_json, write_text_atomic
 from harness.regime.collect import REPO, structure_problems
 from harness.regime.figures import write_figures
 from harness.regime.gpu_text import gpu_run_problems
+from harness.regime.host_text import host_run_problems
 from harness.regime.text import document
 
 __all__ = ["load_sources", "main", "render", "run_ids", "untraced_rows"]
@@ -38,12 +40,22 @@ def load_sources(path: Path = SOURCES) -> dict[str, Any]:
     gpu_runs = {name: read_json(base / f) for name, f in (spec.get("gpu_runs") or {}).items()}
     if problems := [p for name, run in gpu_runs.items() for p in gpu_run_problems(name, run)]:
         raise ValueError("; ".join(problems))
-    return {**spec, "maps": maps, "map_files": list(spec.get("maps") or ()), "gpu_runs": gpu_runs}
+    host_run = read_json(base / spec["host_run"]) if spec.get("host_run") else None
+    if host_run is not None and (problems := host_run_problems(host_run)):
+        raise ValueError("; ".join(problems))
+    return {
+        **spec,
+        "maps": maps,
+        "map_files": list(spec.get("maps") or ()),
+        "gpu_runs": gpu_runs,
+        "host_run": host_run,
+    }
 
 
 def run_ids(sources: dict[str, Any]) -> set[str]:
-    """Every run a row may name: the maps' jobs and the GPU runs."""
-    return {job["run_id"] for m in sources["maps"] for job in m["jobs"]} | {
+    """Every run a row may name: the maps' jobs, the GPU runs and the bench-host run."""
+    host = {sources["host_run"]["run_id"]} if sources.get("host_run") else set()
+    return {job["run_id"] for m in sources["maps"] for job in m["jobs"]} | host | {
         run["run_id"] for run in (sources.get("gpu_runs") or {}).values()
     }
 
