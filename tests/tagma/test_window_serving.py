@@ -3,9 +3,9 @@ weights): tagma's group manager generates exactly what paged generates, with pre
 
 Per family, a paged and a tagma server (one after the other: 2 cores) with the same settings get the same
 requests together: prompts past the window (so window groups drop blocks while prefilling in chunks and
-while decoding), greedy decoding, a KV pool small enough that the scheduler preempts. The generated token
-ids must be identical per request, the pool must have preempted, and after the queue drained the
-tagma server's KV usage is back to zero (no block leaked). The paged arm is vLLM's own result: what tagma
+while decoding), greedy decoding, a KV pool small enough that the scheduler preempts (gpt-oss: one request
+at a time, see MAX_NUM_SEQS). The generated token ids must be identical per request, the pool must have
+preempted, and after the queue drained the tagma server's KV usage is back to zero (no block leaked). The paged arm is vLLM's own result: what tagma
 must match."""
 
 from __future__ import annotations
@@ -31,9 +31,14 @@ MAX_MODEL_LEN = 2048
 # (Gemma 3's six groups: one 1,500-token request peaks near 290 blocks while its window groups prefill.)
 POOL_BLOCKS = {"gpt-oss": 140, "mistral": 110, "gemma3": 310}
 WINDOW_FAMILIES = tuple(POOL_BLOCKS)
+# Requests running together per family. gpt-oss runs one at a time: in bfloat16 its greedy tokens depend on
+# which requests share a step, so paged itself is not reproducible with a concurrent wave (3 paged runs of
+# this test's wave here: 2 of the 3 pairs differed, at token 200 of one request and 298 of another), and a
+# tagma-vs-paged equality would test vLLM's batch invariance. Alone it still drops window blocks while
+# prefilling in chunks and decoding; preemption is exercised on the two float32 families.
+MAX_NUM_SEQS = {"gpt-oss": 1, "mistral": 6, "gemma3": 6}
 SERVER_ARGS = (
     "--block-size", str(BLOCK),
-    "--max-num-seqs", "6",
     "--max-num-batched-tokens", "512",  # chunked prefill: window groups drop blocks between chunks
     "--no-enable-prefix-caching",
     "--seed", "0",
@@ -72,7 +77,8 @@ def serve(name: str, model: Path, backend: str, workdir: Path) -> dict[str, Any]
     # refuses to start when other processes hold more than the rest (a fresh CI run hit this).
     spec = ServerSpec(model=str(model), backend=backend, dtype=FAMILIES[name].dtype,
                       max_model_len=MAX_MODEL_LEN, kv_cache_space_gib=1,
-                      num_gpu_blocks_override=POOL_BLOCKS[name], extra_args=SERVER_ARGS)  # fmt: skip
+                      num_gpu_blocks_override=POOL_BLOCKS[name],
+                      extra_args=(*SERVER_ARGS, "--max-num-seqs", str(MAX_NUM_SEQS[name])))  # fmt: skip
     with Server(spec, workdir / f"{name}-{backend}.log") as server:
         requests = plan()
         with ThreadPoolExecutor(len(requests)) as pool:
@@ -102,7 +108,8 @@ def test_tagma_generates_what_paged_generates(runs: dict[str, dict[str, dict[str
         assert a == b, f"{name} request {i}: tagma's tokens differ from paged's"
     # Which requests run together depends on arrival timing, so the count differs between runs; the pool
     # is sized so that the scheduler preempts.
-    assert max(paged["preemptions"], tagma["preemptions"]) > 0, f"{name}: the pool is meant to preempt"
+    if MAX_NUM_SEQS[name] > 1:
+        assert max(paged["preemptions"], tagma["preemptions"]) > 0, f"{name}: the pool is meant to preempt"
 
 
 @pytest.mark.parametrize("name", WINDOW_FAMILIES)
