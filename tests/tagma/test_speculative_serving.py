@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import random
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +26,8 @@ from typing import Any
 import pytest
 
 from harness.serve.launcher import Server, ServerSpec
-from harness.serve.server_telemetry import parse_prometheus
 from harness.serve.tiny_families import FAMILIES, build_family
-from tests.tagma.test_window_serving import _post
+from tests.tagma.test_window_serving import _metrics, _post
 from tests.tagma.tiny_configs import TINY_MODEL
 
 pytestmark = pytest.mark.slow
@@ -90,8 +88,7 @@ def serve(case: Case, model: Path, backend: str, log: Path) -> dict[str, Any]:
         with ThreadPoolExecutor(len(requests)) as pool:
             futures = [pool.submit(_post, server.base_url, str(model), p, n) for p, n in requests]
             tokens = [f.result() for f in futures]
-        with urllib.request.urlopen(server.base_url + "/metrics", timeout=30) as r:
-            after = parse_prometheus(r.read().decode(), METRICS)
+        after = _metrics(server.base_url, METRICS)
     return {"tokens": tokens, **after}
 
 

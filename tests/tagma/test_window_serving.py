@@ -5,8 +5,8 @@ Per family, a paged and a tagma server (one after the other: 2 cores) with the s
 requests together: prompts past the window (so window groups drop blocks while prefilling in chunks and
 while decoding), greedy decoding, a KV pool small enough that the scheduler preempts (gpt-oss: one request
 at a time, see MAX_NUM_SEQS). The generated token ids must be identical per request, the pool must have
-preempted, and after the queue drained the tagma server's KV usage is back to zero (no block leaked). The paged arm is vLLM's own result: what tagma
-must match."""
+preempted, and after the queue drained the tagma server's KV usage is back to zero (no block leaked). The
+paged arm is vLLM's own result: what tagma must match."""
 
 from __future__ import annotations
 
@@ -67,9 +67,9 @@ def _post(base_url: str, model: str, prompt: list[int], max_tokens: int) -> list
         return list(json.loads(r.read())["choices"][0]["token_ids"])
 
 
-def _metrics(base_url: str) -> dict[str, float]:
+def _metrics(base_url: str, names: dict[str, str] = METRICS) -> dict[str, float]:
     with urllib.request.urlopen(base_url + "/metrics", timeout=30) as r:
-        return parse_prometheus(r.read().decode(), METRICS)
+        return parse_prometheus(r.read().decode(), names)
 
 
 def serve(name: str, model: Path, backend: str, workdir: Path) -> dict[str, Any]:
