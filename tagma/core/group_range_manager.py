@@ -373,6 +373,10 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
 
     # ---- inspection and telemetry
 
+    def live_request_count(self) -> int:
+        """Requests holding blocks in any group now, in O(1) (the telemetry's per-step live peak)."""
+        return len(self._reqs)
+
     def num_blocks_held(self, request_id: str, group: int | None = None) -> int:
         """Blocks the request holds in ``group`` (None: all groups)."""
         state = self._reqs.get(request_id)

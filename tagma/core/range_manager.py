@@ -477,6 +477,10 @@ class RangeKVCacheManager(TagmaKVCacheManager):
             counts.append(1 + int(np.count_nonzero(r[1:, 0] != r[:-1, 0] + r[:-1, 1])) if len(r) else 0)
         return [c for c in counts if c]
 
+    def live_request_count(self) -> int:
+        """Requests holding blocks now, in O(1) (the telemetry's per-step live peak)."""
+        return len(self._held)
+
     def num_blocks_held(self, request_id: str) -> int:
         """Blocks the request holds (0 when none)."""
         return self._held.get(request_id, 0)

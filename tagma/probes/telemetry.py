@@ -10,7 +10,9 @@ Contiguity is measured the same way on both arms, from vLLM's own per-request bl
 (``coordinator.single_type_managers[0].req_to_blocks``): ``ranges_per_request`` counts, per live request,
 the runs of consecutive physical block ids in logical order (a request whose blocks are 7, 8, 9, 3 has two).
 ``free_blocks`` and ``num_blocks`` come from the block pool (``get_num_free_blocks`` counts evictable
-prefix-cache blocks as free, as vLLM does). ``peak_*`` are maxima over the lines written so far. Tagma's lines
+prefix-cache blocks as free, as vLLM does). ``peak_ranges_per_request`` is a maximum over the lines written so
+far; ``peak_live_requests`` over every step start as well (one ``len`` per step while a file is asked for), so
+requests that begin and end between two lines still count. Tagma's lines
 add its range engine's counters and free-space shape (``in_place_growths``, ``new_ranges``, ``merges``,
 ``evictions``, ``cached_only_blocks``, ``used_blocks``, ``largest_free_range``, ``external_fragmentation``).
 """
@@ -149,10 +151,21 @@ class Telemetry:
             )
         return record
 
+    def live_requests_now(self) -> int:
+        """Requests holding KV cache now, in O(1): the manager's own count where it keeps no block lists,
+        else the entries of vLLM's first-group block lists (one per request from allocation to free)."""
+        count = getattr(self.manager, "live_request_count", None)
+        if count is not None:
+            return count()
+        return len(self.manager.coordinator.single_type_managers[0].req_to_blocks)
+
     def on_step(self) -> None:
-        """Called every scheduler step: writes a line when one is due."""
+        """Called every scheduler step: updates the live-request peak, writes a line when one is due."""
         if self.path is None:
             return
+        live = self.live_requests_now()
+        if live > self.peak_live_requests:
+            self.peak_live_requests = live
         now = time.monotonic()
         if now < self._next:
             return

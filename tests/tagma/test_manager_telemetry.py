@@ -49,3 +49,35 @@ def test_telemetry_off_without_file(monkeypatch: pytest.MonkeyPatch, tmp_path: A
     manager.new_step_starts()
     assert manager.telemetry.path is None
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("caching", [True, False], ids=["block_objects", "ranges"])
+def test_peak_counts_requests_that_live_between_two_lines(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, caching: bool
+) -> None:
+    """Requests admitted and freed between two telemetry lines still reach ``peak_live_requests`` on both
+    arms: the peak is taken at every step start, not only when a line is written (a real server's short
+    requests on the tiny model fit between two lines)."""
+    from tagma.probes.telemetry import Telemetry
+
+    path = tmp_path / "telemetry.jsonl"
+    monkeypatch.setenv(ENV_TELEMETRY_FILE, str(path))
+    monkeypatch.setenv(ENV_TELEMETRY_INTERVAL_S, "3600")
+    twin = Twin(num_blocks=64, enable_caching=caching)
+    twin.paged.telemetry = Telemetry("paged", manager=twin.paged)
+    telemetries = (twin.paged.telemetry, twin.tagma.telemetry)
+    for telemetry in telemetries:
+        telemetry.on_step()  # the first line is due at once: nothing is live yet
+    for i in range(3):
+        twin.add(f"r{i}", list(range(10 * i, 10 * i + 9)))
+        assert twin.admit(f"r{i}")
+    for telemetry in telemetries:
+        telemetry.on_step()  # not due: no line, but three requests hold blocks
+    for i in range(3):
+        twin.free(f"r{i}")
+    for telemetry in telemetries:
+        telemetry.on_step()
+        telemetry.write()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["live_requests"] for line in lines] == [0, 0, 0, 0]
+    assert [line["peak_live_requests"] for line in lines] == [0, 0, 3, 3]
