@@ -205,6 +205,14 @@ def _kv_events(c: Any) -> str | None:
     return None
 
 
+def _returned_routed_experts(c: Any) -> str | None:
+    # vLLM 0.33 keeps each cached block's routed experts by its block hash, which the prefix index has not.
+    aux = getattr(c, "aux_output_config", None)
+    if aux is not None and aux.enabled and _prefix_index(c):
+        return "returned routed experts with prefix caching (--enable-return-routed-experts; keyed by hash)"
+    return None
+
+
 CHECKS: tuple[Check, ...] = (
     _mla,
     _attention_free,
@@ -227,6 +235,7 @@ CHECKS: tuple[Check, ...] = (
     _per_layer_kv_dtype,
     _prefix_cache_keys,
     _kv_events,
+    _returned_routed_experts,
 )
 
 

@@ -119,6 +119,8 @@ def unsupported_feature(
     spec = groups[0].kv_cache_spec
     if args.get("use_eagle"):
         return "EAGLE / MTP speculative decoding (use_eagle)"
+    if args.get("num_hash_lookahead_tokens", 0) > 0:  # vLLM 0.33, EAGLE-family drafters with caching on
+        return "lookahead block hashes (num_hash_lookahead_tokens > 0; tagma keys a block by its own tokens)"
     if args.get("num_prefill_lookahead", 0) > 0:
         return "speculative prefill lookahead (num_prefill_lookahead > 0)"
     if args.get("dcp_world_size", 1) > 1:

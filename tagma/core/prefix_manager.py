@@ -33,7 +33,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -54,6 +54,11 @@ logger = logging.getLogger("vllm.tagma")
 DEFAULT_EVICTION = DEFAULT_PREFIX_EVICTION
 
 HASHED_REQUEST_WARNING = "tagma: a request arrived with vLLM block hashes (the engine core hashed it)"
+# vLLM 0.33's lookahead hashes (EAGLE-family drafters) key a block by its tokens and the next ones, and
+# withhold a full block's hash until those exist; the index keys a block by its own tokens.
+LOOKAHEAD_HASHES = (
+    "block hashes that cover tokens after their block (lookahead hashes; tagma keys a block by its tokens)"
+)
 _LOST = 1 << 62  # "indexed up to" of a request whose index cursor was lost: nothing more to insert
 
 class _NoBlockBookkeeping(dict):  # type: ignore[type-arg]
@@ -111,6 +116,16 @@ class HitBlocks(KVCacheBlocks):
 
     def __repr__(self) -> str:
         return f"HitBlocks(ids={self._ids.tolist()!r})"
+
+
+def _no_hash_lookups(*args: Any, **kwargs: Any) -> NoReturn:
+    """The pool's lookup by vLLM block hash: this manager caches blocks by token ids and keeps no hashes,
+    so a caller that reads vLLM's hashed cache (vLLM 0.33's auxiliary-output connector for returned routed
+    experts) is refused, not answered "not cached"."""
+    raise TagmaUnsupported(
+        "lookups by vLLM block hash (tagma's prefix index keys blocks by token ids): features that read "
+        "vLLM's hashed prefix cache, such as returned routed experts"
+    )
 
 
 class PrefixKVCacheManager(RangeKVCacheManager):
@@ -190,6 +205,7 @@ class PrefixKVCacheManager(RangeKVCacheManager):
             self._sync_free()
 
         pool.free_blocks = free_blocks  # type: ignore[method-assign]
+        pool.get_cached_block = _no_hash_lookups  # type: ignore[method-assign]
 
     def _appends_carry_hints(self) -> bool:
         """Contiguity-aware eviction: every append carries its growth hint (the blocks prompt + max_tokens
@@ -227,17 +243,26 @@ class PrefixKVCacheManager(RangeKVCacheManager):
     # ---- lookup
 
     def get_computed_blocks(
-        self, request: Request, *args: Any, **kwargs: Any
+        self, request: Request, max_cache_hit_length: int | None = None, *args: Any, **kwargs: Any
     ) -> tuple[KVCacheBlocks, int, int]:
-        if request.block_hashes and not self._hashed_warned:
-            self._hashed_warned = True  # the hook did not apply: correct, but the hashing cost is back
-            logger.warning("%s: %s", HASHED_REQUEST_WARNING, request.request_id)
+        """The longest cached prefix, in whole blocks, of at most ``max_cache_hit_length`` tokens (vLLM 0.33:
+        a cap the scheduler passes, e.g. to the outputs kept beside the cache; default: all but the last
+        prompt token, whose logits must be computed)."""
+        if request._block_hasher is not None:
+            if len(request.block_hashes) < request.num_tokens // self.block_size:
+                raise TagmaUnsupported(LOOKAHEAD_HASHES)
+            if not self._hashed_warned:
+                self._hashed_warned = True  # the hook did not apply: correct, but the hashing cost is back
+                logger.warning("%s: %s", HASHED_REQUEST_WARNING, request.request_id)
         if request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0, 0
         if self._p_reqs or self._p_insert:
             self._flush()  # the index as vLLM's prefix cache is now: every earlier allocation's blocks cached
         bs = self.block_size
-        max_blocks = (request.num_tokens - 1) // bs
+        max_tokens = request.num_tokens - 1
+        if max_cache_hit_length is not None and max_cache_hit_length < max_tokens:
+            max_tokens = max_cache_hit_length
+        max_blocks = max_tokens // bs
         if max_blocks > self._max_hit:
             max_blocks = self._max_hit  # no hit can be longer than the pool
         if max_blocks <= 0:
