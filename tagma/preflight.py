@@ -11,8 +11,20 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from tagma.contract import CLI_FLAG, TAGMA
+
+
+def serve_parser() -> Any:
+    """vLLM's own `vllm serve` argument parser (its module moved between vLLM 0.32 and 0.33)."""
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:
+        from vllm.entrypoints.common.cli_args import make_arg_parser  # vLLM 0.33
+    except ImportError:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser  # vLLM 0.32
+    return make_arg_parser(FlexibleArgumentParser())
 
 
 def problems(model: str, max_model_len: int | None) -> list[str]:
@@ -20,14 +32,12 @@ def problems(model: str, max_model_len: int | None) -> list[str]:
 
     install_version_alias()
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     from tagma import fail_closed
     from tagma.plugin import register
 
     register()
-    args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", model, CLI_FLAG, TAGMA])
+    args = serve_parser().parse_args(["--model", model, CLI_FLAG, TAGMA])
     if getattr(args, "kv_cache_backend", None) != TAGMA:
         return [f"the plugin's {CLI_FLAG} did not parse in vLLM's serve parser"]
     try:

