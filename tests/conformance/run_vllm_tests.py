@@ -46,7 +46,7 @@ def pytest_cmd(extra: list[str]) -> list[str]:
 
 
 def load_allowlist(path: Path) -> dict:
-    """{"run": {file: reason}, "not_run": {file: reason}, ...} (see tests/conformance/allowlist.json)."""
+    """{"run": {file: reason}, "not_run": {file: reason}, ...} (lists/<version>/allowlist.json)."""
     return json.loads(Path(path).read_text())
 
 

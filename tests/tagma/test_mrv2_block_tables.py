@@ -37,6 +37,7 @@ from vllm.v1.worker.gpu import block_table as v2_block_table  # noqa: E402
 from vllm.v1.worker.gpu import buffer_utils  # noqa: E402
 
 from tagma.worker import block_tables_v2  # noqa: E402
+from tests.tagma.write_path_tables import BlockIds  # noqa: E402
 
 BLOCK_SIZE = 4
 MAX_REQS = 8
@@ -72,22 +73,6 @@ class Row:
     blocks: list[int] = field(default_factory=list)
     computed: int = 0
     length: int = 0
-
-
-class Ids:
-    """Fresh physical ids: consecutive runs with jumps, as a range allocator hands them out."""
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.rng, self.next = rng, 1
-
-    def take(self, count: int) -> list[int]:
-        out = []
-        for _ in range(count):
-            if self.rng.random() < 0.3:
-                self.next += int(self.rng.integers(1, 6))
-            out.append(self.next)
-            self.next += 1
-        return out
 
 
 def expected_slots(rows: dict[int, Row], batch: list[tuple[int, int, int]], padded: int) -> list[int]:
@@ -130,7 +115,7 @@ def slot_mappings(tables: object, inputs: tuple[torch.Tensor, ...], padded: int,
 @pytest.mark.parametrize("seed", range(3))
 def test_stock_and_range_block_tables_agree_step_by_step(cpu_staging: None, seed: int) -> None:
     rng = np.random.default_rng(seed)
-    ids = Ids(rng)
+    ids = BlockIds(rng)
     stock = make_tables(v2_block_table.BlockTables)
     ranged = make_tables(block_tables_v2.RangeBlockTables)
     rows: dict[int, Row] = {}
