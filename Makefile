@@ -134,12 +134,18 @@ bench-gpu-step:
 # make bench-gpu MODEL=/path/to/checkpoint
 # Without a GPU it makes every check it can (configs, the checkpoint's context, the workloads with its
 # tokenizer, tagma's plugin and fail-closed checks), then stops with one line and exit code 2.
+DRY_OUT ?= results/gpu
+# DRY_RUN=1 goes on past that line: the kernels' and decode step's dry mode (CPU, Triton's interpreter), then
+# both serve runs end to end with the mock server in place of vLLM (server.dry_run; reports say DRY RUN).
 bench-gpu: setup
 	@test -n "$(MODEL)" || { echo "bench-gpu: give the checkpoint directory, MODEL=/path/to/model"; exit 1; }
-	$(PY) -m harness.gpu_preflight $(MODEL) $(ARGS)
-	$(MAKE) bench-gpu-kernels bench-gpu-step
-	$(PY) -m harness.main model=llama31_8b_gpu model.path=$(MODEL) server=gpu workload=sharegpt_16k $(ARGS)
-	$(PY) -m harness.main model=llama31_8b_gpu model.path=$(MODEL) server=gpu workload=sharegpt_128k $(ARGS)
+	$(PY) -m harness.gpu_preflight $(MODEL) $(ARGS) $(if $(DRY_RUN),|| test $$? -eq 2)
+	$(if $(DRY_RUN),$(KERNEL_PY) -m benchmarks.gpu.device_run --out $(DRY_OUT) --dry-run,\
+		$(MAKE) bench-gpu-kernels bench-gpu-step)
+	$(PY) -m harness.main model=llama31_8b_gpu model.path=$(MODEL) server=gpu workload=sharegpt_16k \
+		$(if $(DRY_RUN),server.dry_run=true) $(ARGS)
+	$(PY) -m harness.main model=llama31_8b_gpu model.path=$(MODEL) server=gpu workload=sharegpt_128k \
+		$(if $(DRY_RUN),server.dry_run=true) $(ARGS)
 
 RUN ?= results/serve/latest
 SWEEP ?= rate

@@ -64,6 +64,9 @@ class ServerConfig:
     startup_timeout_s: float = 900.0
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    # The whole harness path against the mock server, one per arm: checks the run's plumbing where vLLM or
+    # the device is missing. Its numbers time the mock, and the report and summary say so.
+    dry_run: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:

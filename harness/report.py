@@ -127,6 +127,13 @@ def noise_flags(runs: list[dict]) -> str:
     return f"**{len(flagged)} of {len(ok)} ok runs taken under load** (load average or CPU steal): {names}"
 
 
+DRY_RUN_LINE = (
+    "**DRY RUN (server.dry_run): both arms were the mock server, no vLLM ran and no KV cache was used. The "
+    "numbers time the harness and the mock, not paged or tagma: the run checks the path from config to "
+    "report.**"
+)
+
+
 def _markdown(meta: dict, runs: list[dict], ab: list[Comparison], host: list[str], figures: list[Path],
               root: Path) -> str:  # fmt: skip
     wl = meta["workload"]
@@ -140,9 +147,11 @@ def _markdown(meta: dict, runs: list[dict], ab: list[Comparison], host: list[str
     kind = "A/A" if cfg.is_aa else "A/B"
     n_ok = {a: len(ok_runs(runs, a, meta["backends"])) for a in ARM_NAMES}
     samples = max((c.samples for c in ab if c.primary), default=0)
+    dry = [DRY_RUN_LINE, ""] if cfg.section("server").get("dry_run") else []
     lines = [
         f"# Serve {kind}: candidate ({cand}) vs baseline ({base})",
         "",
+        *dry,
         *resolution_lines(ab),
         "",
         f"- design `{the_design.name}`: ok runs baseline {n_ok['baseline']}, candidate {n_ok['candidate']}"
@@ -283,6 +292,7 @@ def write_report(root: Path, n_boot: int | None = None) -> Path:
     figures = make_figures(root, runs, ab, meta)
     summary = {
         "kind": "A/A" if meta["config"].is_aa else "A/B",
+        "dry_run": bool(meta["config"].section("server").get("dry_run")),
         "design": meta["config"].run.design,
         "arms": {a: arm_summary(runs, a, meta["backends"]) for a in ARM_NAMES},
         "resolution": {c.metric: c.half_width for c in ab if c.primary},

@@ -68,6 +68,7 @@ def server_spec(cfg: BenchConfig, arm: Arm, run_dir: Path) -> ServerSpec:
         extra_args=(*s.extra_args, *cfg.model.server_args),
         env=env,
         startup_timeout_s=s.startup_timeout_s,
+        dry_run=s.dry_run,
     )
 
 

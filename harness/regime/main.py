@@ -53,6 +53,8 @@ def jobs(spec: MapSpec) -> list[str]:
 
 def run_job(cfg: BenchConfig, spec: MapSpec, job: str, out_dir: Path) -> Path:
     """Run (or resume) one job and write its group_summary.json; returns that file's path."""
+    if cfg.server.dry_run:  # a map's cells become FINDINGS.md: they must measure vLLM
+        raise ValueError("server.dry_run runs the mock server: a regime map measures vLLM, so it is refused")
     aa = job.endswith(AA_SUFFIX)
     group = spec.group(job.removesuffix(AA_SUFFIX) if aa else job)
     if aa and group.name not in spec.aa_groups:

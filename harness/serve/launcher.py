@@ -61,6 +61,7 @@ class ServerSpec:
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     startup_timeout_s: float = 600.0
+    dry_run: bool = False  # the mock server (harness.serve.mock_server) in place of vLLM: no model loads
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -84,7 +85,13 @@ def port_is_free(port: int) -> bool:
         return True
 
 
+# The dry run's stand-in: a few milliseconds to the first token and per token, like a fast server.
+DRY_RUN_PACING = ("--ttft", "0.005", "--token-delay", "0.0005")
+
+
 def server_command(spec: ServerSpec, port: int) -> list[str]:
+    if spec.dry_run:
+        return [sys.executable, "-m", "harness.serve.mock_server", "--port", str(port), *DRY_RUN_PACING]
     cmd = [
         sys.executable, "-m", "tagma.serve", spec.model,
         "--host", "127.0.0.1", "--port", str(port),

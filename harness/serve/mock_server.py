@@ -10,8 +10,9 @@ Out-of-process use (the client-overhead benchmark, so the server does not share 
 
 Streams like vLLM: ``data: {chunk}\\n\\n`` events with ``choices[0].text``, then (when
 ``stream_options.include_usage``) a ``choices: []`` event with ``usage``, then ``data: [DONE]``.
-``usage.completion_tokens = max_tokens``; ``usage.prompt_tokens`` = ``config.prompt_tokens`` or
-``len(prompt) // 4``.
+``usage.completion_tokens = max_tokens``; ``usage.prompt_tokens`` = ``config.prompt_tokens``, else the
+prompt's token ids or ``len(prompt) // 4`` of a text prompt. ``GET /health`` answers 200, so the launcher
+can start it in place of vLLM (``server.dry_run``).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class MockServer:
     async def start(self) -> MockServer:
         app = web.Application(client_max_size=1 << 30)
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/health", self._health)  # what the launcher polls before a run starts
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -100,6 +102,9 @@ class MockServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         task = asyncio.current_task()
@@ -157,7 +162,8 @@ class MockServer:
             finish = '"length"' if emitted == max_tokens else "null"
             await resp.write(("data: " + head + json.dumps(text) + tail % finish).encode())
             next_t += cfg.token_delay_s * k
-        usage = {"prompt_tokens": cfg.prompt_tokens if cfg.prompt_tokens is not None else len(prompt) // 4,
+        counted = len(prompt) if isinstance(prompt, list) else len(prompt) // 4  # token ids, or text
+        usage = {"prompt_tokens": cfg.prompt_tokens if cfg.prompt_tokens is not None else counted,
                  "completion_tokens": max_tokens}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         if mode != "no_usage" and (body.get("stream_options") or {}).get("include_usage"):
