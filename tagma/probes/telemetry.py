@@ -11,8 +11,9 @@ Contiguity is measured the same way on both arms, from vLLM's own per-request bl
 the runs of consecutive physical block ids in logical order (a request whose blocks are 7, 8, 9, 3 has two).
 ``free_blocks`` and ``num_blocks`` come from the block pool (``get_num_free_blocks`` counts evictable
 prefix-cache blocks as free, as vLLM does). ``peak_ranges_per_request`` is a maximum over the lines written so
-far; ``peak_live_requests`` over every step start as well (one ``len`` per step while a file is asked for), so
-requests that begin and end between two lines still count. Tagma's lines
+far; ``peak_live_requests`` over every step start as well (one ``len`` per step while a file is asked for),
+and a rise of it writes a line at once (at most one line per new peak), so requests that begin and end between
+two due lines still count, and the file says so even when no step follows them. Tagma's lines
 add its range engine's counters and free-space shape (``in_place_growths``, ``new_ranges``, ``merges``,
 ``evictions``, ``cached_only_blocks``, ``used_blocks``, ``largest_free_range``, ``external_fragmentation``).
 """
@@ -160,14 +161,16 @@ class Telemetry:
         return len(self.manager.coordinator.single_type_managers[0].req_to_blocks)
 
     def on_step(self) -> None:
-        """Called every scheduler step: updates the live-request peak, writes a line when one is due."""
+        """Called every scheduler step: updates the live-request peak; writes a line when one is due or the
+        peak rose."""
         if self.path is None:
             return
         live = self.live_requests_now()
-        if live > self.peak_live_requests:
+        rose = live > self.peak_live_requests
+        if rose:
             self.peak_live_requests = live
         now = time.monotonic()
-        if now < self._next:
+        if now < self._next and not rose:
             return
         self._next = now + self.interval_s
         self.write()

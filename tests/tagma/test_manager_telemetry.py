@@ -55,9 +55,10 @@ def test_telemetry_off_without_file(monkeypatch: pytest.MonkeyPatch, tmp_path: A
 def test_peak_counts_requests_that_live_between_two_lines(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any, caching: bool
 ) -> None:
-    """Requests admitted and freed between two telemetry lines still reach ``peak_live_requests`` on both
-    arms: the peak is taken at every step start, not only when a line is written (a real server's short
-    requests on the tiny model fit between two lines)."""
+    """Requests admitted and freed between two due telemetry lines still reach ``peak_live_requests`` on both
+    arms, and on disk: the peak is taken at every step start and a rise writes a line at once (a real
+    server's short requests on the tiny model can start and end within one interval, and no step follows
+    them to write the next due line)."""
     from tagma.probes.telemetry import Telemetry
 
     path = tmp_path / "telemetry.jsonl"
@@ -72,12 +73,13 @@ def test_peak_counts_requests_that_live_between_two_lines(
         twin.add(f"r{i}", list(range(10 * i, 10 * i + 9)))
         assert twin.admit(f"r{i}")
     for telemetry in telemetries:
-        telemetry.on_step()  # not due: no line, but three requests hold blocks
+        telemetry.on_step()  # not due, but three requests hold blocks: the peak rose, a line is written
+        telemetry.on_step()  # the same peak: no line
     for i in range(3):
         twin.free(f"r{i}")
     for telemetry in telemetries:
-        telemetry.on_step()
-        telemetry.write()
+        telemetry.on_step()  # not due, no rise: no line
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [line["live_requests"] for line in lines] == [0, 0, 0, 0]
-    assert [line["peak_live_requests"] for line in lines] == [0, 0, 3, 3]
+    assert [(line["policy"], line["live_requests"], line["peak_live_requests"]) for line in lines] == [
+        ("paged", 0, 0), ("headroom", 0, 0), ("paged", 3, 3), ("headroom", 3, 3),
+    ]  # fmt: skip
