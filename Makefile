@@ -34,13 +34,9 @@ PY033 := $(VENV033)/bin/python
 # with no driver (vLLM's own rule for workers), so Triton's interpreter runs them on CPU tensors.
 ENV033 := VLLM_TARGET_DEVICE=cpu CUDA_VISIBLE_DEVICES=
 
-setup-vllm033: $(VENV033)/.tagma-setup-vllm033 $(ENGINE_LIB)
-
-$(VENV033)/.tagma-setup-vllm033: pyproject.toml
-	test -x $(PY033) || $(PYTHON) -m venv $(VENV033)
-	$(PY033) -m pip install --quiet --upgrade "pip>=24" "setuptools>=68" wheel
-	$(PY033) -m pip install --quiet --no-build-isolation -e ".[gpu,dev]"
-	touch $@
+# `make setup` itself, pointed at the second venv with the GPU profile's extra (idempotent: its stamp).
+setup-vllm033:
+	$(MAKE) --no-print-directory setup VENV=$(VENV033) TAGMA_VLLM=gpu
 
 # tagma against vLLM 0.33's code without a GPU: vLLM 0.33's own scheduler tests (AsyncScheduler included)
 # with tagma's managers against stock; the plugin, the fail-closed refusals and the families' verdicts on

@@ -295,4 +295,3 @@ def test_server_exits_with_the_one_line_error_before_loading_the_model(models: P
     assert "Traceback" not in result.stderr
     assert "EngineCore" not in result.stderr + result.stdout  # no engine core process was started
     assert elapsed < 120, f"refusal took {elapsed:.0f} s"
-
