@@ -1,6 +1,6 @@
 """Fail closed: the configurations tagma refuses, checked on the VllmConfig before any model loads.
 
-tagma serves one full-attention KV cache group (prefix caching on or off), or full-attention and
+tagma serves one full-attention or MLA KV cache group (prefix caching on or off), or full-attention and
 sliding-window groups with prefix caching off, written through plain token-to-slot mappings. Everything
 else is refused with one line naming the feature. The KV cache manager (``tagma.core.manager``) repeats
 the group/spec checks on the real ``KVCacheConfig`` in the engine core as a backstop for what only model
@@ -24,7 +24,12 @@ Check = Callable[[Any], str | None]
 
 
 def _mla(c: Any) -> str | None:
-    return "MLA attention (multi-head latent attention models)" if c.model_config.use_mla else None
+    # Dense MLA (DeepSeek-V2/V3) is one latent KV group: served (the managers see full attention; the MLA
+    # cache op writes through tagma's slot mapping). Sparse MLA adds an indexer KV cache: a second group.
+    mc = c.model_config
+    if mc.use_mla and getattr(mc.hf_text_config, "index_topk", None) is not None:
+        return "sparse MLA (an indexer KV cache beside the latent one: >1 KV cache group)"
+    return None
 
 
 def _attention_free(c: Any) -> str | None:

@@ -145,7 +145,9 @@ class TagmaKVCacheManager(KVCacheManager):
 
     block_pool: TagmaBlockPool
     # What this class serves: KV cache spec types (exact), vLLM's single-type managers, groups (None: any).
-    SERVED_SPECS: ClassVar[tuple[type, ...]] = (FullAttentionSpec,)
+    # MLA's one latent KV group is full attention to the manager (vLLM maps it to FullAttentionManager too);
+    # only the worker's cache op differs, and it writes through the same slot mapping.
+    SERVED_SPECS: ClassVar[tuple[type, ...]] = (FullAttentionSpec, MLAAttentionSpec)
     SERVED_MANAGERS: ClassVar[tuple[type, ...]] = (FullAttentionManager,)
     MAX_GROUPS: ClassVar[int | None] = 1
 

@@ -26,7 +26,13 @@ from __future__ import annotations
 import os
 from typing import Any, Final
 
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
 
 from tagma.contract import DEFAULT_RANGE_MANAGER, ENV_RANGE_MANAGER
 from tagma.core.group_range_manager import GroupRangeKVCacheManager
@@ -53,6 +59,12 @@ BLOCK_OBJECTS: Final = "block_objects"
 
 spec_manager_map: dict[type[KVCacheSpec], dict[str, type[TagmaKVCacheManager]]] = {
     FullAttentionSpec: {
+        RANGES: RangeKVCacheManager,
+        PREFIX_INDEX: PrefixKVCacheManager,
+        BLOCK_OBJECTS: TagmaKVCacheManager,
+    },
+    # MLA's latent group is full attention to the manager (vLLM's spec_manager_map says the same).
+    MLAAttentionSpec: {
         RANGES: RangeKVCacheManager,
         PREFIX_INDEX: PrefixKVCacheManager,
         BLOCK_OBJECTS: TagmaKVCacheManager,

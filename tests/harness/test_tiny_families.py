@@ -63,7 +63,7 @@ VERDICTS = {
     "gemma3": ([], [WINDOW_WITH_CACHING.format(1024)]),
     "mistral": ([], [WINDOW_WITH_CACHING.format(1024)]),
     "qwen3-next": (["Mamba/hybrid models (mixed attention and state layers)"],) * 2,
-    "deepseek-v2": (["MLA attention (multi-head latent attention models)"],) * 2,
+    "deepseek-v2": ([], []),  # dense MLA: served
 }
 
 

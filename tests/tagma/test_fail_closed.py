@@ -74,9 +74,15 @@ def tagma_config() -> Any:
 # ---------------------------------------------------------------- model kinds
 
 
-def test_mla(models: Path) -> None:
-    model = craft_model(models, "mla", **MLA_MODEL)
-    assert refusal(model) == expect("MLA attention (multi-head latent attention models)")
+def test_dense_mla_is_served_and_sparse_mla_refused(models: Path) -> None:
+    """Dense MLA (one latent KV group) passes; an indexer beside it (DeepSeek-V3.2's sparse MLA, a
+    second KV cache group) is refused by name, on a real config."""
+    dense = engine_config(craft_model(models, "mla", **MLA_MODEL), additional_config=dict(TAGMA))
+    assert fail_closed.unsupported_features(dense) == []
+    dense.model_config.hf_text_config.index_topk = 2048
+    assert check_message(dense) == expect(
+        "sparse MLA (an indexer KV cache beside the latent one: >1 KV cache group)"
+    )
 
 
 def test_mamba_attention_free(models: Path) -> None:

@@ -27,10 +27,8 @@ def test_unsupported_configurations_are_refused() -> None:
     sw = SlidingWindowSpec(
         block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=8
     )
-    mla = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
     cases: list[tuple[KVCacheConfig, dict[str, Any], str]] = [
         (make_config(16, specs=[sw]), {}, "sliding.window"),
-        (make_config(16, specs=[mla]), {}, "MLA"),
         (make_config(16, specs=[full_spec(), sw]), {}, "KV cache groups"),
         (make_config(16), {"dcp_world_size": 2}, "decode context parallelism"),
         (make_config(16), {"pcp_world_size": 2}, "prefill context parallelism"),
@@ -85,6 +83,20 @@ def test_caching_off_builds_the_range_manager_unless_switched_off(monkeypatch: p
     assert type(build_kv_cache_manager(config, **manager_kwargs(enable_caching=False))) is TagmaKVCacheManager
     with pytest.raises(ValueError, match="prefix caching off only"):
         RangeKVCacheManager(config, **manager_kwargs(enable_caching=True))
+
+
+def test_an_mla_group_gets_the_full_attention_managers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLA's one latent KV group is full attention to the manager: each variant builds its class."""
+    from tagma.core.prefix_manager import PrefixKVCacheManager
+
+    mla = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+    config = make_config(16, specs=[mla])
+    monkeypatch.delenv(ENV_RANGE_MANAGER, raising=False)
+    for caching, cls in ((False, RangeKVCacheManager), (True, PrefixKVCacheManager)):
+        manager = build_kv_cache_manager(config, **manager_kwargs(enable_caching=caching))
+        assert type(manager) is cls
+    monkeypatch.setenv(ENV_RANGE_MANAGER, "0")
+    assert type(build_kv_cache_manager(config, **manager_kwargs(enable_caching=True))) is TagmaKVCacheManager
 
 
 def test_reserve_admission_setting_is_checked() -> None:

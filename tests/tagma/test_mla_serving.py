@@ -1,0 +1,136 @@
+"""Real vLLM servers on the tiny DeepSeek-V2 shape (MLA: one latent KV per token, rank 512 + rope 64, random
+weights): tagma generates exactly what paged generates, through both CPU MLA backends.
+
+MLA is one KV cache group that the manager treats as full attention; what differs is the worker's cache op
+(``do_kv_cache_update`` of the MLA backend), which writes each token's latent through the slot mapping tagma
+computes from its ranges, and the decode kernel, which reads the block table tagma's rows materialize. Cases:
+- ``amx``: vLLM's default MLA backend on a CPU with AMX tiles (block 128; chunked prefill and prefix caching
+  on): tagma's prefix-index manager; prompts share prefixes, so later requests hit the cache;
+- ``reference``: the reference CPU MLA backend (``--attention-backend CPU_MLA``), whose kernel needs block 16,
+  with prefix caching off (that backend has none): tagma's range manager.
+One request at a time: in bfloat16 (the only dtype either backend takes) greedy tokens depend on which
+requests share a step. Here a wave of 10 requests, 4 at a time, differed paged vs paged on 5 of the 10, so a
+concurrent equality would test vLLM's batch invariance, not tagma (preemption is covered on the float32
+families in test_window_serving.py, through the same range-manager code). Token ids must be identical per
+request, prefix-cache hits equal (and present with caching on), and no block held after the queue drained.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.serve.launcher import Server, ServerSpec
+from harness.serve.tiny_families import FAMILIES, build_family
+from tagma.worker import write_path_counter
+from tests.tagma.test_window_serving import _metrics, _post
+
+pytestmark = pytest.mark.slow
+
+FAMILY = "deepseek-v2"
+MAX_MODEL_LEN = 2048
+METRICS = {
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:prefix_cache_hits_total": "prefix_hits",
+    "vllm:prefix_cache_queries_total": "prefix_queries",
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    extra_args: tuple[str, ...]
+    caching: bool
+    needs_amx: bool
+
+
+CASES = {
+    "amx": Case(("--max-num-batched-tokens", "512"), caching=True, needs_amx=True),
+    "reference": Case(("--attention-backend", "CPU_MLA", "--no-enable-prefix-caching"), caching=False,
+                      needs_amx=False),
+}  # fmt: skip
+
+
+def plan(seed: int = 0) -> list[tuple[list[int], int]]:
+    """(prompt, max_tokens): 4 pairs of prompts, each pair sharing a 300-900-token prefix, then 50-400
+    tokens of its own; 40-120 output tokens."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(4):
+        prefix = [rng.randrange(3, 1000) for _ in range(rng.randint(300, 900))]
+        for _ in range(2):
+            tail = [rng.randrange(3, 1000) for _ in range(rng.randint(50, 400))]
+            out.append((prefix + tail, rng.randint(40, 120)))
+    return out
+
+
+def _amx() -> bool:
+    import torch
+
+    return bool(torch.cpu._is_amx_tile_supported())
+
+
+def serve(model: Path, backend: str, case: Case, log: Path) -> dict[str, Any]:
+    # The worker's write-path counter (written only by tagma's range write path) shows that the MLA cache
+    # op got tagma's slot mapping: a fallback to vLLM's block table leaves no file.
+    counters = log.parent / f"{log.stem}-write-path-{{pid}}.json"
+    spec = ServerSpec(model=str(model), backend=backend, dtype=FAMILIES[FAMILY].dtype,
+                      max_model_len=MAX_MODEL_LEN, kv_cache_space_gib=1,
+                      extra_args=("--seed", "0", "--max-num-seqs", "1", *case.extra_args),
+                      env={write_path_counter.ENV_COUNTER_FILE: str(counters),
+                           write_path_counter.ENV_COUNTER_INTERVAL: "0"})  # fmt: skip
+    with Server(spec, log) as server:
+        tokens = [_post(server.base_url, str(model), p, n) for p, n in plan()]
+        after = _metrics(server.base_url, METRICS)
+        backend_line = next((ln for ln in log.read_text().splitlines() if "MLA backend" in ln), "")
+    written = sum(json.loads(f.read_text())["positions"] for f in log.parent.glob(f"{log.stem}-write-path-*"))
+    return {"tokens": tokens, "mla_backend_line": backend_line, "range_write_positions": written, **after}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, tok_dir: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    root = tmp_path_factory.mktemp("mla-serving")
+    model = build_family(root / FAMILY, FAMILY, tok_dir)
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, case in CASES.items():
+        if case.needs_amx and not _amx():
+            continue
+        out[name] = {b: serve(model, b, case, root / f"{name}-{b}.log") for b in ("paged", "tagma")}
+    summary = {n: {b: {k: v for k, v in r.items() if k != "tokens"} for b, r in arms.items()}
+               for n, arms in out.items()}  # fmt: skip
+    print("mla serving:", json.dumps(summary))
+    return out
+
+
+def _case(runs: dict[str, dict[str, dict[str, Any]]], name: str) -> dict[str, dict[str, Any]]:
+    if name not in runs:
+        pytest.skip(f"{name}: this CPU has no AMX tiles, so vLLM picks the reference MLA backend only")
+    return runs[name]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_tagma_generates_what_paged_generates(runs: dict[str, dict[str, dict[str, Any]]], name: str) -> None:
+    arms = _case(runs, name)
+    paged, tagma = arms["paged"], arms["tagma"]
+    for i, (a, b) in enumerate(zip(paged["tokens"], tagma["tokens"], strict=True)):
+        assert a == b, f"{name} request {i}: tagma's tokens differ from paged's"
+    assert paged["prefix_queries"] == tagma["prefix_queries"]
+    assert paged["prefix_hits"] == tagma["prefix_hits"]
+    if CASES[name].caching:
+        assert tagma["prefix_hits"] > 0, f"{name}: shared prefixes are meant to hit the cache"
+    # every prompt token not served from the cache, and each output token but the last, went through
+    # tagma's write path; none on the paged arm
+    computed = sum(len(p) + n - 1 for p, n in plan()) - tagma["prefix_hits"]
+    assert tagma["range_write_positions"] >= computed, (tagma["range_write_positions"], computed)
+    assert paged["range_write_positions"] == 0
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_no_block_is_held_after_drain(runs: dict[str, dict[str, dict[str, Any]]], name: str) -> None:
+    arms = _case(runs, name)
+    assert arms["tagma"]["kv_usage"] == 0.0
+    assert arms["paged"]["kv_usage"] == 0.0
