@@ -1,11 +1,11 @@
 """Fail closed: the configurations tagma refuses, checked on the VllmConfig before any model loads.
 
-tagma serves one full-attention or MLA KV cache group (prefix caching on or off), or full-attention and
-sliding-window groups with prefix caching off, written through plain token-to-slot mappings. Everything
-else is refused with one line naming the feature. The KV cache manager (``tagma.core.manager``) repeats
-the group/spec checks on the real ``KVCacheConfig`` in the engine core as a backstop for what only model
-loading reveals. What the model's config already tells about the KV cache groups (layer types, sliding
-windows, chunked attention, per-layer KV shapes) is refused here.
+tagma serves one full-attention or MLA KV cache group (prefix caching on or off), or full-attention,
+sliding-window and state (Mamba/GDN) groups with prefix caching off, written through plain token-to-slot
+mappings. Everything else is refused with one line naming the feature. The KV cache manager
+(``tagma.core.manager``) repeats the group/spec checks on the real ``KVCacheConfig`` in the engine core as a
+backstop for what only model loading reveals. What the model's config already tells about the KV cache
+groups (layer types, sliding windows, chunked attention, per-layer KV shapes) is refused here.
 """
 
 from __future__ import annotations
@@ -21,6 +21,13 @@ from tagma.selector import CLI_FLAG, PAGED, SCHEDULER_QUALNAME
 __all__ = ["check", "unsupported_features"]
 
 Check = Callable[[Any], str | None]
+
+
+def _block_object_manager(kind: str) -> str | None:
+    """The refusal of several KV cache groups when ``$TAGMA_RANGE_MANAGER`` = 0 (one group only)."""
+    if os.environ.get(ENV_RANGE_MANAGER, "1").strip() == "0":
+        return f"{kind} with {ENV_RANGE_MANAGER}=0 (the block-object manager serves one group)"
+    return None
 
 
 def _mla(c: Any) -> str | None:
@@ -39,7 +46,16 @@ def _attention_free(c: Any) -> str | None:
 
 
 def _hybrid(c: Any) -> str | None:
-    return "Mamba/hybrid models (mixed attention and state layers)" if c.model_config.is_hybrid else None
+    # State layers (Mamba, Gated DeltaNet) beside attention: the group manager, prefix caching off (vLLM's
+    # cache mode "none": one state block per request). Caching on needs state checkpoints ("align"): never.
+    if not c.model_config.is_hybrid:
+        return None
+    if c.cache_config.enable_prefix_caching:
+        return (
+            "Mamba/hybrid models with prefix caching on (state checkpoints, mamba_cache_mode='align'; tagma "
+            "serves them with --no-enable-prefix-caching)"
+        )
+    return _block_object_manager("Mamba/hybrid models")
 
 
 def _sliding_window(c: Any) -> str | None:
@@ -57,10 +73,7 @@ def _sliding_window(c: Any) -> str | None:
             f"sliding-window attention with prefix caching on (sliding_window={window}; tagma serves it with "
             "--no-enable-prefix-caching)"
         )
-    if os.environ.get(ENV_RANGE_MANAGER, "1").strip() == "0":
-        manager = "the block-object manager serves one group"
-        return f"sliding-window attention with {ENV_RANGE_MANAGER}=0 ({manager})"
-    return None
+    return _block_object_manager("sliding-window attention")
 
 
 def _chunked_local(c: Any) -> str | None:

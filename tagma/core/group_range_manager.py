@@ -1,4 +1,4 @@
-"""Range-native KV cache groups with prefix caching off: full-attention and sliding-window groups.
+"""Range-native KV cache groups with prefix caching off: full-attention, sliding-window and state groups.
 
 The manager for models whose layers give vLLM several KV cache groups (gpt-oss: window 128 + full; Gemma 3:
 5 sliding : 1 full) or one sliding-window group (Mistral-style), prefix caching off. Each (request, group)
@@ -15,6 +15,12 @@ single-type managers for it and never touches their per-request state. So the bl
 allocated per step, the admission decisions and the free count match vLLM's block for block; only which
 physical blocks differs.
 
+A state group (Mamba / Gated DeltaNet layers, ``MambaSpec`` in vLLM's cache mode "none", e.g. Qwen3-Next's
+linear-attention layers) is the same arithmetic: vLLM's ``MambaManager`` keeps only the last computed token's
+state (``get_num_skipped_tokens`` = computed - 1, the window formula with a window of 2), its block is
+``mamba_block_size`` tokens (max_model_len by default, so one state block per request for its whole life) and
+it allocates ``num_speculative_blocks`` blocks more. Cache mode "align" (prefix caching of states) is refused.
+
 Block ids for the worker: a window group's row keeps the null block (id 0) where logical blocks were dropped,
 as vLLM's does, followed by the live ranges.
 """
@@ -25,8 +31,8 @@ from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
-from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, SlidingWindowManager
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, SlidingWindowSpec
+from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager, SlidingWindowManager
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, MambaSpec, SlidingWindowSpec
 from vllm.v1.request import Request
 
 from tagma.core.block_pool import RangeRelease
@@ -113,6 +119,21 @@ class _NoBlockLists(dict):  # type: ignore[type-arg]
         )
 
 
+def _window(single: Any) -> int | None:
+    """The window in SlidingWindowManager's skipped-token formula (computed - window + 1): a window group's
+    own, 2 for a state group (MambaManager skips computed - 1), None for full attention."""
+    if isinstance(single, MambaManager):
+        return 2
+    return getattr(single, "sliding_window", None)
+
+
+def _extra_tokens(single: Any) -> int:
+    """Slots a group allocates beyond the step's tokens: a state group's speculative blocks (MambaManager)."""
+    if isinstance(single, MambaManager):
+        return single.block_size * single.num_speculative_blocks
+    return 0
+
+
 class _Held:
     """One request's blocks in one group: its engine request (0: none yet), live blocks, dropped blocks."""
 
@@ -125,13 +146,13 @@ class _Held:
 
 
 class GroupRangeKVCacheManager(TagmaKVCacheManager):
-    """``KVCacheManager`` for prefix caching off over full-attention and sliding-window KV cache groups.
+    """``KVCacheManager``, prefix caching off, over full-attention, sliding-window and state KV cache groups.
 
     Built through :func:`tagma.core.registry.build_kv_cache_manager` (vLLM's arguments).
     """
 
-    SERVED_SPECS = (FullAttentionSpec, SlidingWindowSpec)
-    SERVED_MANAGERS = (FullAttentionManager, SlidingWindowManager)
+    SERVED_SPECS = (FullAttentionSpec, SlidingWindowSpec, MambaSpec)
+    SERVED_MANAGERS = (FullAttentionManager, SlidingWindowManager, MambaManager)
     MAX_GROUPS = None
 
     @classmethod
@@ -139,9 +160,13 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
         feature = super().unsupported(kv_cache_config, args)  # a group kind it never serves, by name
         if feature is None and args.get("enable_caching", True):
             feature = (
-                "prefix caching with sliding-window attention or several KV cache groups (tagma serves them "
-                "with --no-enable-prefix-caching)"
+                "prefix caching with sliding-window attention, state layers or several KV cache groups "
+                "(tagma serves them with --no-enable-prefix-caching)"
             )
+        for group in kv_cache_config.kv_cache_groups if feature is None else ():
+            mode = getattr(group.kv_cache_spec, "mamba_cache_mode", "none")
+            if isinstance(group.kv_cache_spec, MambaSpec) and mode != "none":
+                feature = f"state layers in mamba_cache_mode={mode!r} (tagma serves mode 'none')"
         return feature
 
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, *args: Any, **kwargs: Any) -> None:
@@ -149,15 +174,16 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
         self._managers = tuple(self.coordinator.single_type_managers)
         for single in self._managers:
             single.req_to_blocks = _NoBlockLists()
-        self._windows = tuple(i for i, m in enumerate(self._managers) if isinstance(m, SlidingWindowManager))
         self._block_sizes = tuple(m.block_size for m in self._managers)
-        # Per group: (window or None, block size, vLLM's recycling-aware admission cap or None). The skipped
-        # tokens of a window group are vLLM's SlidingWindowManager.get_num_skipped_tokens with no extra
-        # retained tokens (refused): computed - window + 1 when positive.
+        # Per group: (window or None, block size, vLLM's recycling-aware admission cap or None, extra tokens).
+        # The skipped tokens of a window group are vLLM's SlidingWindowManager.get_num_skipped_tokens with no
+        # extra retained tokens (refused): computed - window + 1 when positive; a state group's are
+        # MambaManager's, computed - 1 (a window of 2). Extra tokens: a state group's speculative blocks.
         self._info = tuple(
-            (getattr(m, "sliding_window", None), m.block_size, m.max_admission_blocks_per_request)
+            (_window(m), m.block_size, m.max_admission_blocks_per_request, _extra_tokens(m))
             for m in self._managers
         )
+        self._windows = tuple(g for g, info in enumerate(self._info) if info[0] is not None)
         self._window_info = tuple((g, self._info[g][0], self._info[g][1]) for g in self._windows)
         self._table: list[int] = [block.block_id for block in self.block_pool.blocks]
         self._fresh: tuple[str, GroupBlocks] | None = None  # the view of a request's first allocation
@@ -174,8 +200,8 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
         single-type manager, summed over the groups (no prefix-cache hit; ``cap``: the recycling-aware
         admission cap)."""
         total = 0
-        for g, (window, bs, limit) in enumerate(self._info):
-            required = -(-num_tokens // bs)
+        for g, (window, bs, limit, extra) in enumerate(self._info):
+            required = -(-(num_tokens + extra) // bs)
             if cap and limit is not None and limit < required:
                 required = limit
             if state is not None:
@@ -282,7 +308,7 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
         engine = self.engine
         groups: list[tuple[int, list[int]]] = []
         for g, held in enumerate(state):
-            n = -(-need_tokens // self._block_sizes[g]) - held.dropped - held.held
+            n = -(-(need_tokens + self._info[g][3]) // self._block_sizes[g]) - held.dropped - held.held
             if n <= 0:
                 groups.append((0, []))
                 continue

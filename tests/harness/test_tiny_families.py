@@ -1,10 +1,9 @@
 """The tiny model families: each keeps the KV cache layout of the family it stands for, composes as a Hydra
-`model=` option, and (slow) serves on vLLM for CPU with the paged backend."""
+`model=` option, and has a real-server test that serves it paged and tagma side by side."""
 
 from __future__ import annotations
 
 import json
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -62,7 +61,10 @@ VERDICTS = {
     "gpt-oss": ([], [WINDOW_WITH_CACHING.format(128)]),
     "gemma3": ([], [WINDOW_WITH_CACHING.format(1024)]),
     "mistral": ([], [WINDOW_WITH_CACHING.format(1024)]),
-    "qwen3-next": (["Mamba/hybrid models (mixed attention and state layers)"],) * 2,
+    "qwen3-next": ([], [
+        "Mamba/hybrid models with prefix caching on (state checkpoints, mamba_cache_mode='align'; tagma "
+        "serves them with --no-enable-prefix-caching)"
+    ]),
     "deepseek-v2": ([], []),  # dense MLA: served
 }
 
@@ -118,32 +120,17 @@ def test_each_family_is_a_model_option_served_in_the_dtype_it_needs(name: str) -
 
     spec = server_spec(bench, bench.arms[1], Path("/tmp/run"))
     assert spec.dtype == FAMILIES[name].dtype
-    # tagma serves the sliding-window families with prefix caching off; both arms run so
-    window = name in ("gpt-oss", "gemma3", "mistral")
-    assert ("--no-enable-prefix-caching" in spec.extra_args) == window
+    # tagma serves the sliding-window and state-layer families with prefix caching off; both arms run so
+    caching_off = name in ("gpt-oss", "gemma3", "mistral", "qwen3-next")
+    assert ("--no-enable-prefix-caching" in spec.extra_args) == caching_off
     assert server_spec(bench, bench.arms[0], Path("/tmp/run")).extra_args == spec.extra_args
 
 
-@pytest.mark.slow
-def test_every_family_serves_paged_on_this_vllm(families: dict[str, Path], tmp_path: Path) -> None:
-    """What tagma must match: vLLM for CPU serves each family (greedy). The sliding-window families are
-    served paged and tagma side by side in tests/tagma/test_window_serving.py; only the others start here."""
-    from harness.serve.launcher import Server, ServerSpec
+def test_every_family_is_served_paged_and_tagma_side_by_side() -> None:
+    """Each family has a real-server test that serves it on both backends and compares tokens: the window
+    families in tests/tagma/test_window_serving.py, the bfloat16 MLA and state families in
+    tests/tagma/test_bf16_family_serving.py."""
+    from tests.tagma.test_bf16_family_serving import CASES
     from tests.tagma.test_window_serving import WINDOW_FAMILIES
 
-    for name, path in families.items():
-        if name in WINDOW_FAMILIES:
-            continue
-        spec = ServerSpec(model=str(path), dtype=FAMILIES[name].dtype, max_model_len=2048,
-                          kv_cache_space_gib=1, extra_args=("--max-num-seqs", "4"))  # fmt: skip
-        with Server(spec, tmp_path / f"{name}.log") as server:
-            body = {"model": str(path), "prompt": list(range(3, 300)), "max_tokens": 4, "temperature": 0,
-                    "ignore_eos": True}  # fmt: skip
-            req = urllib.request.Request(
-                server.base_url + "/v1/completions",
-                json.dumps(body).encode(),
-                {"Content-Type": "application/json"},
-            )
-            with urllib.request.urlopen(req, timeout=300) as r:
-                out = json.loads(r.read())
-            assert out["usage"]["completion_tokens"] == 4, name
+    assert set(WINDOW_FAMILIES) | {case.family for case in CASES.values()} == set(FAMILIES)

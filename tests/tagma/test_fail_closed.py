@@ -90,9 +90,22 @@ def test_mamba_attention_free(models: Path) -> None:
     assert refusal(model) == expect("attention-free models (Mamba-style state, no KV cache)")
 
 
-def test_hybrid_mamba_attention(models: Path) -> None:
+def test_hybrid_state_layers_are_served_with_prefix_caching_off(
+    models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mamba state layers beside attention (Jamba): refused with caching on (vLLM's state checkpoints),
+    served with caching off by the group manager, refused if the block-object manager was asked for."""
     model = craft_model(models, "jamba", **HYBRID_MODEL)
-    assert refusal(model) == expect("Mamba/hybrid models (mixed attention and state layers)")
+    assert refusal(model) == expect(
+        "Mamba/hybrid models with prefix caching on (state checkpoints, mamba_cache_mode='align'; tagma "
+        "serves them with --no-enable-prefix-caching)"
+    )
+    config = engine_config(model, additional_config=dict(TAGMA), enable_prefix_caching=False)
+    assert config.scheduler_config.scheduler_cls == "tagma.core.scheduler.TagmaScheduler"
+    monkeypatch.setenv(ENV_RANGE_MANAGER, "0")
+    assert refusal(model, enable_prefix_caching=False) == expect(
+        f"Mamba/hybrid models with {ENV_RANGE_MANAGER}=0 (the block-object manager serves one group)"
+    )
 
 
 SLIDING_WITH_CACHING = (

@@ -1,9 +1,10 @@
-"""GroupRangeKVCacheManager (full-attention and sliding-window KV cache groups, prefix caching off) against
-vLLM's own KVCacheManager in lockstep: the same admissions, the same blocks held, freed and allocated per
-group and step, null blocks where a window dropped blocks, the same free count; and no block leaked."""
+"""GroupRangeKVCacheManager (full-attention, sliding-window and state KV cache groups, prefix caching off)
+against vLLM's own KVCacheManager in lockstep: the same admissions, the same blocks held, freed and allocated
+per group and step, null blocks where a window dropped blocks, the same free count; and no block leaked."""
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.kv_cache_manager import KVCacheManager
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MambaSpec, SlidingWindowSpec
 from vllm.v1.request import Request, RequestStatus
 
 from tagma.core.group_range_manager import GroupRangeKVCacheManager, GroupRangeRelease
@@ -30,15 +31,26 @@ def window(tokens: int) -> SlidingWindowSpec:
     )
 
 
+def state(block_size: int = 1 << 14, speculative_blocks: int = 0) -> MambaSpec:
+    """A state group (Mamba / GDN layers) in vLLM's cache mode "none": its block is max_model_len tokens
+    (the twin's 16,384) unless ``mamba_block_size`` is set, plus ``speculative_blocks`` blocks."""
+    return MambaSpec(block_size=block_size, shapes=((1,),), dtypes=(torch.float32,),
+                     num_speculative_blocks=speculative_blocks)  # fmt: skip
+
+
 # The layouts of the tiny families (harness/serve/tiny_families.py), at block 4 and small windows.
 LAYOUTS: dict[str, list[KVCacheSpec]] = {
     "gpt-oss": [window(8), full()],  # alternating window and full: one group each
     "mistral": [window(13)],  # every layer slides: one window group
     "gemma3": [window(9), window(9), window(9), window(9), window(9), full()],  # 5 : 1
+    "qwen3-next": [state(), full()],  # GDN state layers beside full attention: one state block per request
+    # a mamba_block_size a user set (the state's earlier blocks are freed as it advances) and the
+    # speculative blocks an MTP drafter adds
+    "state-small-blocks": [state(block_size=3 * BLOCK, speculative_blocks=2), full()],
 }
 # Pool blocks per layout: the largest request (72 tokens, 18 blocks per group before its window drops any)
 # fits alone, five running together do not.
-POOL_BLOCKS = {"gpt-oss": 44, "mistral": 20, "gemma3": 112}
+POOL_BLOCKS = {"gpt-oss": 44, "mistral": 20, "gemma3": 112, "qwen3-next": 30, "state-small-blocks": 40}
 
 
 def make_request(rid: str, tokens: list[int]) -> Request:
@@ -52,7 +64,9 @@ class GroupTwin:
 
     def __init__(self, specs: list[KVCacheSpec], num_blocks: int, **overrides: Any) -> None:
         config = make_config(num_blocks, specs=specs)
-        kwargs = manager_kwargs(enable_caching=False, **overrides)
+        # vLLM's scheduling granularity: the least common multiple of the groups' block sizes
+        lcm = math.lcm(*(spec.block_size for spec in specs))
+        kwargs = manager_kwargs(enable_caching=False, scheduler_block_size=lcm, **overrides)
         self.paged = KVCacheManager(config, **kwargs)
         self.tagma = build_kv_cache_manager(config, **kwargs)
         assert type(self.tagma) is GroupRangeKVCacheManager

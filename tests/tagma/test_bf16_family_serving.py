@@ -1,18 +1,25 @@
-"""Real vLLM servers on the tiny DeepSeek-V2 shape (MLA: one latent KV per token, rank 512 + rope 64, random
-weights): tagma generates exactly what paged generates, through both CPU MLA backends.
+"""Real vLLM servers on the bfloat16 tiny families beside the window ones: the DeepSeek-V2 shape (MLA: one
+latent KV per token, rank 512 + rope 64) and the Qwen3-Next shape (Gated DeltaNet state layers beside full
+attention), random weights: tagma generates exactly what paged generates.
 
 MLA is one KV cache group that the manager treats as full attention; what differs is the worker's cache op
 (``do_kv_cache_update`` of the MLA backend), which writes each token's latent through the slot mapping tagma
-computes from its ranges, and the decode kernel, which reads the block table tagma's rows materialize. Cases:
-- ``amx``: vLLM's default MLA backend on a CPU with AMX tiles (block 128; chunked prefill and prefix caching
-  on): tagma's prefix-index manager; prompts share prefixes, so later requests hit the cache;
-- ``reference``: the reference CPU MLA backend (``--attention-backend CPU_MLA``), whose kernel needs block 16,
-  with prefix caching off (that backend has none): tagma's range manager.
-One request at a time: in bfloat16 (the only dtype either backend takes) greedy tokens depend on which
-requests share a step. Here a wave of 10 requests, 4 at a time, differed paged vs paged on 5 of the 10, so a
-concurrent equality would test vLLM's batch invariance, not tagma (preemption is covered on the float32
-families in test_window_serving.py, through the same range-manager code). Token ids must be identical per
-request, prefix-cache hits equal (and present with caching on), and no block held after the queue drained.
+computes from its ranges, and the decode kernel, which reads the block table tagma's rows materialize.
+Qwen3-Next gives two groups of equal page size (vLLM pads them: attention blocks of 640 tokens here, one state
+block of max_model_len tokens per request), served by tagma's group manager; its GDN layers read their state
+block from the state group's row. Cases:
+- ``mla-amx``: vLLM's default MLA backend on a CPU with AMX tiles (block 128; chunked prefill and prefix
+  caching on): tagma's prefix-index manager; prompts share prefixes, so later requests hit the cache;
+- ``mla-reference``: the reference CPU MLA backend (``--attention-backend CPU_MLA``), whose kernel needs
+  block 16, with prefix caching off (that backend has none): tagma's range manager;
+- ``gdn``: Qwen3-Next, prefix caching off (state checkpoints are refused), prefill in 512-token chunks, so
+  the state carries across chunks.
+One request at a time: in bfloat16 (the only dtype these take here) greedy tokens depend on which requests
+share a step. Here a wave of 10 requests, 4 or 6 at a time, differed paged vs paged on 5 to 6 of the 10 (both
+families), so a concurrent equality would test vLLM's batch invariance, not tagma. Preemption is covered on
+the float32 families in test_window_serving.py and on these layouts in the lockstep tests. Token ids must be
+identical per request, prefix-cache hits equal (and present with caching on), every computed position
+written through tagma's range write path, and no block held after the queue drained.
 """
 
 from __future__ import annotations
@@ -32,7 +39,6 @@ from tests.tagma.test_window_serving import _metrics, _post
 
 pytestmark = pytest.mark.slow
 
-FAMILY = "deepseek-v2"
 MAX_MODEL_LEN = 2048
 METRICS = {
     "vllm:kv_cache_usage_perc": "kv_usage",
@@ -43,15 +49,18 @@ METRICS = {
 
 @dataclass(frozen=True)
 class Case:
+    family: str
     extra_args: tuple[str, ...]
     caching: bool
-    needs_amx: bool
+    needs_amx: bool = False
 
 
 CASES = {
-    "amx": Case(("--max-num-batched-tokens", "512"), caching=True, needs_amx=True),
-    "reference": Case(("--attention-backend", "CPU_MLA", "--no-enable-prefix-caching"), caching=False,
-                      needs_amx=False),
+    "mla-amx": Case("deepseek-v2", ("--max-num-batched-tokens", "512"), caching=True, needs_amx=True),
+    "mla-reference": Case("deepseek-v2", ("--attention-backend", "CPU_MLA", "--no-enable-prefix-caching"),
+                          caching=False),
+    "gdn": Case("qwen3-next", ("--max-num-batched-tokens", "512", "--no-enable-prefix-caching"),
+                caching=False),
 }  # fmt: skip
 
 
@@ -78,7 +87,7 @@ def serve(model: Path, backend: str, case: Case, log: Path) -> dict[str, Any]:
     # The worker's write-path counter (written only by tagma's range write path) shows that the MLA cache
     # op got tagma's slot mapping: a fallback to vLLM's block table leaves no file.
     counters = log.parent / f"{log.stem}-write-path-{{pid}}.json"
-    spec = ServerSpec(model=str(model), backend=backend, dtype=FAMILIES[FAMILY].dtype,
+    spec = ServerSpec(model=str(model), backend=backend, dtype=FAMILIES[case.family].dtype,
                       max_model_len=MAX_MODEL_LEN, kv_cache_space_gib=1,
                       extra_args=("--seed", "0", "--max-num-seqs", "1", *case.extra_args),
                       env={write_path_counter.ENV_COUNTER_FILE: str(counters),
@@ -86,23 +95,24 @@ def serve(model: Path, backend: str, case: Case, log: Path) -> dict[str, Any]:
     with Server(spec, log) as server:
         tokens = [_post(server.base_url, str(model), p, n) for p, n in plan()]
         after = _metrics(server.base_url, METRICS)
-        backend_line = next((ln for ln in log.read_text().splitlines() if "MLA backend" in ln), "")
+        lines = log.read_text().splitlines()
+        backend_line = next((ln for ln in lines if "MLA backend" in ln or "GDN" in ln), "")
     written = sum(json.loads(f.read_text())["positions"] for f in log.parent.glob(f"{log.stem}-write-path-*"))
-    return {"tokens": tokens, "mla_backend_line": backend_line, "range_write_positions": written, **after}
+    return {"tokens": tokens, "backend_line": backend_line, "range_write_positions": written, **after}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, tok_dir: Path) -> dict[str, dict[str, dict[str, Any]]]:
-    root = tmp_path_factory.mktemp("mla-serving")
-    model = build_family(root / FAMILY, FAMILY, tok_dir)
+    root = tmp_path_factory.mktemp("bf16-serving")
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for name, case in CASES.items():
         if case.needs_amx and not _amx():
             continue
+        model = build_family(root / case.family, case.family, tok_dir)
         out[name] = {b: serve(model, b, case, root / f"{name}-{b}.log") for b in ("paged", "tagma")}
     summary = {n: {b: {k: v for k, v in r.items() if k != "tokens"} for b, r in arms.items()}
                for n, arms in out.items()}  # fmt: skip
-    print("mla serving:", json.dumps(summary))
+    print("bf16 family serving:", json.dumps(summary))
     return out
 
 
