@@ -1,8 +1,11 @@
 """The worker-side KV write path for Model Runner V2 (vLLM's GPU default): ``BlockTables`` plus ranges.
 
 :class:`RangeBlockTables` keeps vLLM's staged dense block tables (attention reads them through
-``gather_block_tables``) and, per request-state row, the run-length range descriptors of the same block
-ids; ``apply_staged_writes`` copies the descriptors to the device when a row changed.
+``gather_block_tables``) and, per KV cache group and request-state row, the run-length range descriptors of
+the same block ids; ``apply_staged_writes`` copies the descriptors to the device when a row changed. Several
+groups (gpt-oss's window and full attention, Gemma 3's 5 + 1, a state group beside attention) each get their
+own descriptors and block size; a group whose slot mapping vLLM disables gets PAD for every token, as vLLM's
+kernel writes.
 
 vLLM's own ``BlockTables.compute_slot_mappings`` stays; the Triton kernel it launches,
 ``vllm.v1.worker.gpu.block_table._compute_slot_mappings_kernel``, is swapped through vLLM's kernel
@@ -46,17 +49,13 @@ _TABLES_BY_POINTERS: dict[int, weakref.ref[RangeBlockTables]] = {}
 
 
 class RangeBlockTables(BlockTables):
-    """``BlockTables`` that also keeps per-row range descriptors for the KV-write slot mappings."""
+    """``BlockTables`` that also keeps per-group, per-row range descriptors for the KV-write slot mappings."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if self.num_kv_cache_groups != 1:
-            raise TagmaUnsupported(f"{self.num_kv_cache_groups} KV cache groups in the worker")
         if self.cp_size != 1:
             raise TagmaUnsupported("context parallelism in the worker write path")
-        if not self._slot_mapping_enabled[0]:
-            raise TagmaUnsupported("a KV cache group without token slot mappings")
-        self.range_rows = RangeRows(self.max_num_reqs)
+        self.group_rows = [RangeRows(self.max_num_reqs) for _ in range(self.num_kv_cache_groups)]
         self._counter = counter()
         self._register()
 
@@ -72,14 +71,16 @@ class RangeBlockTables(BlockTables):
         if self.redirect_writes_to_null_block:
             raise TagmaUnsupported("writes redirected to the null block (elastic EP)")
         super().append_block_ids(req_index, new_block_ids, overwrite)
-        if overwrite:
-            self.range_rows.replace(req_index, new_block_ids[0])
-        else:
-            self.range_rows.append(req_index, new_block_ids[0])
+        for rows, ids in zip(self.group_rows, new_block_ids, strict=True):
+            if overwrite:
+                rows.replace(req_index, ids)
+            else:
+                rows.append(req_index, ids)
 
     def apply_staged_writes(self) -> None:
         super().apply_staged_writes()
-        self.range_rows.on_device(self.device)  # the step's one host-to-device copy, when a row changed
+        for rows in self.group_rows:
+            rows.on_device(self.device)  # the step's host-to-device copy, when a row of the group changed
 
 
 def slot_mappings_from_ranges(
@@ -107,21 +108,26 @@ def slot_mappings_from_ranges(
         raise RuntimeError("tagma: slot mappings requested for a block table without range descriptors")
     if CP_SIZE != 1:
         raise TagmaUnsupported("context parallelism in the worker write path")
-    on_device = tables.range_rows.on_device(tables.device)
-    compute_slot_mapping_ranges(
-        num_reqs=idx_mapping.shape[0],
-        query_start_loc=query_start_loc,
-        positions=pos,
-        ranges=on_device.ranges,
-        range_offsets=on_device.offsets,
-        slot_mapping=slot_mappings_ptr[0, :max_num_tokens],
-        block_size=tables.block_sizes[0],
-        num_search_steps=on_device.num_search_steps,
-        pad_id=PAD_ID,
-        idx_mapping=idx_mapping,
-    )
-    if tables._counter is not None:  # positions passed, CUDA-graph padding included
-        tables._counter.add(pos.shape[0], False, tables.block_sizes[0])
+    for g, rows in enumerate(tables.group_rows):
+        out = slot_mappings_ptr[g, :max_num_tokens]
+        if not tables._slot_mapping_enabled[g]:
+            out.fill_(PAD_ID)  # vLLM's kernel: PAD for every token of a group without slot mappings
+            continue
+        on_device = rows.on_device(tables.device)
+        compute_slot_mapping_ranges(
+            num_reqs=idx_mapping.shape[0],
+            query_start_loc=query_start_loc,
+            positions=pos,
+            ranges=on_device.ranges,
+            range_offsets=on_device.offsets,
+            slot_mapping=out,
+            block_size=tables.block_sizes[g],
+            num_search_steps=on_device.num_search_steps,
+            pad_id=PAD_ID,
+            idx_mapping=idx_mapping,
+        )
+        if tables._counter is not None:  # positions passed, CUDA-graph padding included
+            tables._counter.add(pos.shape[0], False, tables.block_sizes[g])
 
 
 def install_v2() -> None:

@@ -6,7 +6,10 @@ Both run vLLM's own code end to end (staged writes, ``apply_staged_writes``, ``g
 slot-mapping kernel differs, routed to tagma's through vLLM's kernel dispatcher for the tagma arm. The cases
 MRV2 meets: chunked prefill (rows grow over several steps), decode, resumed and replaced requests (a row
 overwritten), batches in any row order, padding requests (``idx_mapping`` -1, no tokens) and padded token
-counts. A slot computed in Python from each request's block list checks both arms.
+counts; and, with several KV cache groups (a window group beside full attention, different block sizes, a
+group without slot mappings), rows resumed after a prefix-cache hit whose window group starts with null
+blocks, and the window masking of vLLM's gather. A slot computed in Python from each request's block lists
+checks both arms.
 
 Needs a vLLM whose Triton kernels are live on this machine: the CUDA build of vLLM 0.33 with
 ``VLLM_TARGET_DEVICE=cpu``, ``CUDA_VISIBLE_DEVICES=`` (empty) and ``TRITON_INTERPRET=1`` (``make
@@ -39,11 +42,32 @@ from vllm.v1.worker.gpu import buffer_utils  # noqa: E402
 from tagma.worker import block_tables_v2  # noqa: E402
 from tests.tagma.write_path_tables import BlockIds  # noqa: E402
 
-BLOCK_SIZE = 4
 MAX_REQS = 8
-MAX_BLOCKS = 40  # per row: 160 tokens
 MAX_TOKENS = 128  # per step, padded tokens included
+MAX_POSITIONS = 160  # tokens per request
 PAD_SLOT = -1
+
+
+@dataclass(frozen=True)
+class Layout:
+    """KV cache groups as Model Runner V2 gets them: block sizes, which groups have token slot mappings,
+    and each group's sliding-window reach (0: full attention)."""
+
+    block_sizes: tuple[int, ...]
+    enabled: tuple[bool, ...]
+    window_reach: tuple[int, ...]
+
+    @property
+    def max_blocks(self) -> list[int]:
+        return [-(-MAX_POSITIONS // bs) for bs in self.block_sizes]
+
+
+LAYOUTS = {
+    "one-group": Layout((4,), (True,), (0,)),
+    # gpt-oss-like: a window group (reach 8 tokens) beside full attention, different block sizes, and a
+    # group without token slot mappings (vLLM's kernel writes PAD there)
+    "window-full-disabled": Layout((4, 8, 16), (True, True, False), (8, 0, 0)),
+}
 
 
 @pytest.fixture()
@@ -56,31 +80,39 @@ def cpu_staging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     block_tables_v2.uninstall_v2()
 
 
-def make_tables(cls: type) -> object:
+def make_tables(cls: type, layout: Layout) -> object:
     return cls(
-        block_sizes=[BLOCK_SIZE],
+        block_sizes=list(layout.block_sizes),
         max_num_reqs=MAX_REQS,
         max_num_batched_tokens=MAX_TOKENS,
-        max_num_blocks_per_group=[MAX_BLOCKS],
+        max_num_blocks_per_group=layout.max_blocks,
         device=torch.device("cpu"),
+        slot_mapping_enabled=list(layout.enabled),
+        sliding_window_reach=list(layout.window_reach),
     )
 
 
 @dataclass
 class Row:
-    """A request state row: its blocks, the tokens computed and the tokens it will have."""
+    """A request state row: its blocks per group, the tokens computed and the tokens it will have."""
 
-    blocks: list[int] = field(default_factory=list)
+    blocks: list[list[int]] = field(default_factory=list)
     computed: int = 0
     length: int = 0
 
 
-def expected_slots(rows: dict[int, Row], batch: list[tuple[int, int, int]], padded: int) -> list[int]:
-    """The slot of every token, from the block lists alone: block id x block size + offset; PAD after."""
+def expected_slots(
+    rows: dict[int, Row], batch: list[tuple[int, int, int]], padded: int, layout: Layout, g: int
+) -> list[int]:
+    """Group g's slot of every token, from the block lists alone: block id x block size + offset; PAD after
+    (and everywhere in a group without slot mappings)."""
+    bs = layout.block_sizes[g]
     slots: list[int] = []
     for row, start, count in batch:
-        blocks = rows[row].blocks
-        slots += [blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(start, start + count)]
+        blocks = rows[row].blocks[g]
+        slots += [blocks[p // bs] * bs + p % bs for p in range(start, start + count)]
+    if not layout.enabled[g]:
+        slots = [PAD_SLOT] * len(slots)
     return slots + [PAD_SLOT] * (padded - len(slots))
 
 
@@ -99,27 +131,50 @@ def step_inputs(
     )
 
 
-def slot_mappings(tables: object, inputs: tuple[torch.Tensor, ...], padded: int, tagma: bool) -> list[int]:
-    """One arm's slot mappings for the step: the tagma arm with tagma's kernel installed, the stock arm
-    with vLLM's (installing is process-wide: the dispatcher swaps the kernel everywhere)."""
+def slot_mappings(
+    tables: object, inputs: tuple[torch.Tensor, ...], padded: int, tagma: bool
+) -> list[list[int]]:
+    """One arm's slot mappings for the step, per group: the tagma arm with tagma's kernel installed, the
+    stock arm with vLLM's (installing is process-wide: the dispatcher swaps the kernel everywhere)."""
     if tagma:
         block_tables_v2.install_v2()
     try:
         out = tables.compute_slot_mappings(*inputs, num_tokens_padded=padded)  # type: ignore[attr-defined]
     finally:
         block_tables_v2.uninstall_v2()
-    assert out.shape == (1, padded)
-    return out[0].tolist()
+    assert out.shape[1] == padded
+    return out.tolist()
 
 
+def admit(rng: np.random.Generator, ids: BlockIds, layout: Layout) -> Row:
+    """A new row's request; sometimes resumed after a prefix-cache hit: its first ``hit`` tokens computed,
+    their blocks sent at once, a window group's blocks wholly before its reach as the null block (id 0)."""
+    length = int(rng.integers(1, MAX_POSITIONS))
+    unit = int(np.lcm.reduce(layout.block_sizes))
+    hit = unit * int(rng.integers(0, length // unit + 1)) if rng.random() < 0.3 else 0
+    hit = min(hit, (length - 1) // unit * unit)
+    blocks = []
+    for bs, reach in zip(layout.block_sizes, layout.window_reach, strict=True):
+        n = hit // bs
+        dropped = max(0, hit - reach) // bs if reach else 0
+        blocks.append([0] * dropped + ids.take(n - dropped))
+    return Row(blocks=blocks, computed=hit, length=length)
+
+
+@pytest.mark.parametrize("layout_name", sorted(LAYOUTS))
 @pytest.mark.parametrize("seed", range(3))
-def test_stock_and_range_block_tables_agree_step_by_step(cpu_staging: None, seed: int) -> None:
+def test_stock_and_range_block_tables_agree_step_by_step(
+    cpu_staging: None, seed: int, layout_name: str
+) -> None:
+    layout = LAYOUTS[layout_name]
+    groups = range(len(layout.block_sizes))
     rng = np.random.default_rng(seed)
     ids = BlockIds(rng)
-    stock = make_tables(v2_block_table.BlockTables)
-    ranged = make_tables(block_tables_v2.RangeBlockTables)
+    stock = make_tables(v2_block_table.BlockTables, layout)
+    ranged = make_tables(block_tables_v2.RangeBlockTables, layout)
     rows: dict[int, Row] = {}
-    resumed = replaced = chunked = padded_steps = 0
+    fresh_rows: set[int] = set()
+    resumed = replaced = chunked = padded_steps = hits = 0
     for _step in range(24):
         # Admissions, resumptions and replacements: the row is written afresh (overwrite=True).
         for row in range(MAX_REQS):
@@ -130,8 +185,9 @@ def test_stock_and_range_block_tables_agree_step_by_step(cpu_staging: None, seed
                     resumed += 1  # preempted and resumed: recomputed from a new block list
                 elif state is not None:
                     replaced += 1  # the row's request finished, a new one takes the row
-                length = int(rng.integers(1, MAX_BLOCKS * BLOCK_SIZE))
-                rows[row] = Row(blocks=[], computed=0, length=length)
+                rows[row] = admit(rng, ids, layout)
+                hits += rows[row].computed > 0
+                fresh_rows.add(row)
         # This step's batch: a random subset of rows in random order, prefill in chunks, decode one token.
         chosen = [int(r) for r in rng.permutation(MAX_REQS)[: int(rng.integers(1, MAX_REQS + 1))]]
         budget = MAX_TOKENS - 8
@@ -143,12 +199,14 @@ def test_stock_and_range_block_tables_agree_step_by_step(cpu_staging: None, seed
                 continue
             count = min(remaining, budget, int(rng.integers(1, 48)))
             chunked += count < remaining
-            need = -(-(state.computed + count) // BLOCK_SIZE) - len(state.blocks)
-            new = ids.take(need)
-            fresh = state.computed == 0
+            new = [ids.take(-(-(state.computed + count) // bs) - len(state.blocks[g]))
+                   for g, bs in enumerate(layout.block_sizes)]  # fmt: skip
+            fresh = row in fresh_rows
+            sent = tuple(state.blocks[g] + new[g] if fresh else new[g] for g in groups)
             for tables in (stock, ranged):
-                tables.append_block_ids(row, (list(new),), overwrite=fresh)  # type: ignore[attr-defined]
-            state.blocks = new if fresh else state.blocks + new
+                tables.append_block_ids(row, sent, overwrite=fresh)  # type: ignore[attr-defined]
+            fresh_rows.discard(row)
+            state.blocks = [state.blocks[g] + new[g] for g in groups]
             batch.append((row, state.computed, count))
             budget -= count
         for tables in (stock, ranged):
@@ -160,19 +218,30 @@ def test_stock_and_range_block_tables_agree_step_by_step(cpu_staging: None, seed
         tokens = sum(count for _, _, count in batch)
         padded = min(MAX_TOKENS, tokens + int(rng.integers(0, 8)))
         inputs = step_inputs(batch, num_pad_reqs)
-        expected = expected_slots(rows, batch, padded)
+        expected = [expected_slots(rows, batch, padded, layout, g) for g in groups]
         assert slot_mappings(stock, inputs, padded, tagma=False) == expected
         assert slot_mappings(ranged, inputs, padded, tagma=True) == expected
-        # The rows attention reads: vLLM's gather over the real requests, rows up to the padded request
-        # count zeroed, equal on both arms.
+        # The rows attention reads: vLLM's gather over the real requests (window groups masked below their
+        # reach from the first scheduled token), rows up to the padded request count zeroed, equal on both.
         real, num_reqs_padded = inputs[0][: len(batch)], len(batch) + num_pad_reqs
-        stock_rows = stock.gather_block_tables(real, num_reqs_padded)[0]  # type: ignore[attr-defined]
-        range_rows = ranged.gather_block_tables(real, num_reqs_padded)[0]  # type: ignore[attr-defined]
-        assert torch.equal(stock_rows, range_rows)
-        for b, (row, _, _) in enumerate(batch):
-            held = rows[row].blocks
-            assert stock_rows[b, : len(held)].tolist() == held
-        assert not stock_rows[len(batch) :].any()
+        computed = torch.zeros(MAX_REQS, dtype=torch.int32)
+        for row, start, _ in batch:
+            computed[row] = start
+        gathered = [
+            t.gather_block_tables(  # type: ignore[attr-defined]
+                real, num_reqs_padded, num_computed_tokens=computed
+            )
+            for t in (stock, ranged)
+        ]
+        for g in groups:
+            stock_rows, range_rows = gathered[0][g], gathered[1][g]
+            assert torch.equal(stock_rows, range_rows)
+            if not layout.window_reach[g]:
+                for b, (row, _, _) in enumerate(batch):
+                    held = rows[row].blocks[g]
+                    assert stock_rows[b, : len(held)].tolist() == held
+            assert not stock_rows[len(batch) :].any()
         for row, _, count in batch:
             rows[row].computed += count
-    assert chunked and resumed + replaced and padded_steps, (chunked, resumed, replaced, padded_steps)
+    counts = (chunked, resumed, replaced, padded_steps, hits)
+    assert chunked and resumed + replaced and padded_steps and hits, counts

@@ -174,7 +174,8 @@ def test_model_runner_v2_block_tables_through_vllm_kernel_dispatcher(
         tables.slot_mapping_enabled = torch.tensor([True])
         tables.dcp_sharded = torch.tensor([True])
         tables.slot_mappings = torch.full((1, MAX_TOKENS), 777, dtype=torch.int64)
-        tables.range_rows = RangeRows(MAX_REQS)
+        tables._slot_mapping_enabled = [True]
+        tables.group_rows = [RangeRows(MAX_REQS)]
         tables._counter = write_path_counter.WritePathCounter(str(tmp_path / "wp.json"), 0.0)
         tables._register()
 
