@@ -399,9 +399,10 @@ def from_run_dir(root: str | Path, min_running: int | None = None) -> InServerRe
     return kv_manager_per_step(load_runs(root), SavedConfig.load(root), min_running)
 
 
-def find_run(results_dir: str | Path, workload_name: str = WORKLOAD_NAME) -> Path | None:
+def find_run(results_dir: str | Path, workload_name: str = WORKLOAD_NAME, aa: bool = False) -> Path | None:
     """The newest run directory under ``results_dir`` made with that workload in which both arms have an ok
-    run (newest by its config.json's modification time); None when there is none."""
+    run (newest by its config.json's modification time); None when there is none. ``aa``: an A/A run (the
+    same backend on both arms, the calibration), else an A/B run only: an A/A is never taken for tagma's."""
     found: list[tuple[float, Path]] = []
     for cfg_path in Path(results_dir).glob("*/config.json"):
         root = cfg_path.parent
@@ -411,7 +412,7 @@ def find_run(results_dir: str | Path, workload_name: str = WORKLOAD_NAME) -> Pat
             config = SavedConfig.from_dict(read_json(cfg_path))
         except (OSError, ValueError, TypeError):
             continue
-        if config.section("workload").get("name") != workload_name:
+        if config.section("workload").get("name") != workload_name or config.is_aa != aa:
             continue
         backends = config.backends
         runs = [{"dir": d, **read_json(d / "status.json")} for d in sorted((root / "runs").glob("*-*"))

@@ -22,6 +22,7 @@ from harness.regime.collect import REPO, structure_problems
 from harness.regime.figures import write_figures
 from harness.regime.gpu_text import gpu_run_problems
 from harness.regime.host_text import host_run_problems
+from harness.regime.inserver_text import inserver_aa_problems
 from harness.regime.text import document
 
 __all__ = ["load_sources", "main", "render", "run_ids", "untraced_rows"]
@@ -43,18 +44,22 @@ def load_sources(path: Path = SOURCES) -> dict[str, Any]:
     host_run = read_json(base / spec["host_run"]) if spec.get("host_run") else None
     if host_run is not None and (problems := host_run_problems(host_run)):
         raise ValueError("; ".join(problems))
+    inserver_aa = read_json(base / spec["inserver_aa"]) if spec.get("inserver_aa") else None
+    if inserver_aa is not None and (problems := inserver_aa_problems(inserver_aa)):
+        raise ValueError("; ".join(problems))
     return {
         **spec,
         "maps": maps,
         "map_files": list(spec.get("maps") or ()),
         "gpu_runs": gpu_runs,
         "host_run": host_run,
+        "inserver_aa": inserver_aa,
     }
 
 
 def run_ids(sources: dict[str, Any]) -> set[str]:
-    """Every run a row may name: the maps' jobs, the GPU runs and the bench-host run."""
-    host = {sources["host_run"]["run_id"]} if sources.get("host_run") else set()
+    """Every run a row may name: the maps' jobs, the GPU runs, the bench-host run and the in-server A/A."""
+    host = {sources[k]["run_id"] for k in ("host_run", "inserver_aa") if sources.get(k)}
     return {job["run_id"] for m in sources["maps"] for job in m["jobs"]} | host | {
         run["run_id"] for run in (sources.get("gpu_runs") or {}).values()
     }
@@ -64,8 +69,11 @@ def untraced_rows(document: str, sources: dict[str, Any]) -> list[str]:
     """The table rows of ``document`` that hold a number but name none of the sources' runs (``<map>/<job>``,
     a GPU run id): every measured number must trace to a named run."""
     ids = run_ids(sources)
+    lines = document.splitlines()
+    headers = {i for i, line in enumerate(lines[1:]) if line.startswith("|---")}  # the line above a rule
     rows = [
-        line for line in document.splitlines() if line.startswith("| ") and not line.startswith("| group")
+        line for i, line in enumerate(lines)
+        if line.startswith("| ") and not line.startswith("| group") and i not in headers
     ]
     rows = [r for r in rows if not r.startswith(("| GPU |", "| kernel |")) and any(ch.isdigit() for ch in r)]
     return [r for r in rows if not any(f"| {rid} |" in r for rid in ids)]

@@ -14,6 +14,7 @@ from harness.regime.gpu_text import fmt as _f
 from harness.regime.gpu_text import gpu_answer, gpu_kernels, gpu_projection
 from harness.regime.gpu_text import pct as _pct
 from harness.regime.host_text import host_answer, host_section
+from harness.regime.inserver_text import inserver_aa_answer, inserver_aa_section
 
 __all__ = ["document", "fmt_metric", "headline"]
 
@@ -104,7 +105,7 @@ def _answer(maps: Sequence[dict[str, Any]], sources: Mapping[str, Any]) -> list[
         lines.append(
             "- Calibration: these maps ran no A/A; the MDEs rest on the A/B cells' own run-to-run spread."
         )
-    return [*lines, *gpu_answer(sources), *host_answer(sources), ""]
+    return [*lines, *gpu_answer(sources), *host_answer(sources), *inserver_aa_answer(sources), ""]
 
 
 def _map_table(maps: Sequence[dict[str, Any]], aa: bool) -> list[str]:
@@ -252,5 +253,6 @@ def document(sources: Mapping[str, Any], figures: Mapping[str, str]) -> str:
     lines += gpu_projection(sources, maps)
     lines += gpu_kernels(sources)
     lines += host_section(sources)
+    lines += inserver_aa_section(sources)
     lines += _provenance(sources)
     return "\n".join(lines).rstrip() + "\n"

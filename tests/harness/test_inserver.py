@@ -86,20 +86,23 @@ def _write_run(root: Path, index: int, arm: str, backend: str, kv_us: float, rng
 
 def _make_run_dir(root: Path, paged_us: float, tagma_us: float, runs_per_arm: int, seed: int = 0,
                   caching: bool = False, workload: str = inserver.WORKLOAD_NAME,
-                  telemetry_every: int = 0) -> Path:  # fmt: skip
+                  telemetry_every: int = 0,
+                  backends: tuple[str, str] = ("paged", "tagma")) -> Path:  # fmt: skip
+    """A run directory; ``paged_us`` is the baseline arm's cost and ``tagma_us`` the candidate's (an A/A
+    with ``backends`` = (paged, paged) gives both arms the paged backend)."""
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True)
-    config = {"backends": ["paged", "tagma"], "workload": {"name": workload},
+    config = {"backends": list(backends), "workload": {"name": workload},
               "load": {"mode": "closed", "max_concurrency": 64}, "inserver": {"min_running": 64},
               "run": {"design": "abba"}}  # fmt: skip
     (root / "config.json").write_text(json.dumps(config))
     order = []
     for i in range(runs_per_arm):
-        order += [("baseline", "paged"), ("candidate", "tagma")][:: 1 if i % 2 == 0 else -1]
+        order += [("baseline", backends[0]), ("candidate", backends[1])][:: 1 if i % 2 == 0 else -1]
     for index, (arm, backend) in enumerate(order):
         # each run its own level (run-to-run noise), as on a shared machine
         level = math.exp(rng.normal(0, 0.05))
-        _write_run(root, index, arm, backend, (paged_us if backend == "paged" else tagma_us) * level, rng,
+        _write_run(root, index, arm, backend, (paged_us if arm == "baseline" else tagma_us) * level, rng,
                    caching=caching, telemetry_every=telemetry_every)  # fmt: skip
     return root
 
@@ -230,6 +233,36 @@ def test_bench_host_row_met_from_the_interval(tmp_path: Path) -> None:
     assert host_row.headline_rows(section, [16384])[0]["met"] is True
     with pytest.raises(FileNotFoundError, match="not a serve run directory"):
         host_section.run(cfg | {"inserver_run": str(tmp_path / "nowhere")})
+
+
+def test_an_aa_run_calibrates_the_row_and_is_never_taken_for_tagma(tmp_path: Path) -> None:
+    """An A/A of the same size (paged vs paged) is the row's calibration, never its source: the newest A/A
+    is reported beside the A/B; an A/A whose interval holds 1 leaves a met row met, one that excludes 1
+    (identical servers called different) makes it not met."""
+    results = tmp_path / "serve"
+    results.mkdir()
+    cfg: dict[str, Any] = {"repo_dir": str(tmp_path), "inserver_results_dir": str(results)}
+    ab = _make_run_dir(results / "ab", 300.0, 30.0, 2)
+    section = host_section.run(cfg)
+    row = host_row.headline_rows(section, [16384])[0]
+    assert row["met"] is True and "no A/A at this size" in row["note"] and "aa_ratio" not in row
+    aa = _make_run_dir(results / "aa", 300.0, 300.0, 2, seed=3, backends=("paged", "paged"))
+    os.utime(aa / "config.json", (2e9, 2e9))  # the newest run: still not the A/B's source
+    section = host_section.run(cfg)
+    assert Path(section["source"]) == ab.resolve() and Path(section["aa"]["source"]) == aa.resolve()
+    row = host_row.headline_rows(section, [16384])[0]
+    lo, hi = row["aa_ci_95"]
+    assert lo <= 1.0 <= hi and row["aa_ratio"] == pytest.approx(1.0, rel=0.15)
+    assert row["met"] is True and "A/A (paged vs paged)" in row["note"] and "holds 1" in row["note"]
+    biased = _make_run_dir(results / "aa-biased", 300.0, 200.0, 2, seed=4, backends=("paged", "paged"))
+    section = host_section.run(cfg | {"inserver_aa_run": str(biased)})
+    row = host_row.headline_rows(section, [16384])[0]
+    assert row["aa_ci_95"][1] < 1.0 and row["met"] is False and "excludes 1" in row["note"]
+    # with only an A/A there is no A/B row: not measured
+    (ab / "config.json").unlink()
+    section = host_section.run(cfg)
+    assert section["source"] is None and section["aa"] is not None
+    assert host_row.headline_rows(section, [16384])[0]["met"] is False
 
 
 def test_report_section_lines(tmp_path: Path) -> None:

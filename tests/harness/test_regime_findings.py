@@ -56,8 +56,9 @@ def sources_for(tmp_path: Path, record: dict) -> Path:
     spec = yaml.safe_load((REPO / "findings" / "sources.yaml").read_text())
     spec["maps"] = ["maps/m.json"]
     spec["gpu_runs"] = {k: str(REPO / "findings" / v) for k, v in (spec.get("gpu_runs") or {}).items()}
-    if spec.get("host_run"):
-        spec["host_run"] = str(REPO / "findings" / spec["host_run"])
+    for key in ("host_run", "inserver_aa"):
+        if spec.get(key):
+            spec[key] = str(REPO / "findings" / spec[key])
     path = tmp_path / "sources.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
