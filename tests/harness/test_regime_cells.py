@@ -123,3 +123,18 @@ def test_every_profile_composes_and_its_sweep_lists_its_jobs(profile: str) -> No
     sweep = str(cfg.hydra.sweeper.params.job).split(",")
     assert sweep == jobs(spec)
     assert cfg.job in jobs(spec)
+
+
+def test_the_xxhash_profile_gives_the_baseline_vllms_fastest_hash() -> None:
+    """The strongest baseline for prefix caching: vLLM's xxhash block hash reaches the servers of the
+    profile's group (both arms; tagma's prefix index hashes nothing), caching on, and its A/A runs too."""
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        cfg = compose(config_name="regime_map", overrides=["regime=xxhash"])
+    from omegaconf import OmegaConf
+
+    spec = map_spec(OmegaConf.to_container(cfg.regime, resolve=True))
+    (group,) = spec.groups
+    args = group.server_args()
+    assert group.prefix_caching and "--enable-prefix-caching" in args
+    assert args[args.index("--prefix-caching-hash-algo") + 1] == "xxhash"
+    assert spec.aa_groups == (group.name,)
