@@ -163,11 +163,13 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
                 "prefix caching with sliding-window attention, state layers or several KV cache groups "
                 "(tagma serves them with --no-enable-prefix-caching)"
             )
-        for group in kv_cache_config.kv_cache_groups if feature is None else ():
-            mode = getattr(group.kv_cache_spec, "mamba_cache_mode", "none")
-            if isinstance(group.kv_cache_spec, MambaSpec) and mode != "none":
-                feature = f"state layers in mamba_cache_mode={mode!r} (tagma serves mode 'none')"
-        return feature
+        if feature is not None:
+            return feature
+        for group in kv_cache_config.kv_cache_groups:
+            spec = group.kv_cache_spec
+            if isinstance(spec, MambaSpec) and (mode := spec.mamba_cache_mode) != "none":
+                return f"state layers in mamba_cache_mode={mode!r} (tagma serves mode 'none')"
+        return None
 
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, *args: Any, **kwargs: Any) -> None:
         super().__init__(kv_cache_config, max_model_len, *args, **kwargs)

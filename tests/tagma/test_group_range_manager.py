@@ -326,3 +326,12 @@ def test_other_group_kinds_are_refused_by_name() -> None:
     config = make_config(16, specs=[full(), chunked])
     with pytest.raises(TagmaUnsupported, match="chunked local attention"):
         build_kv_cache_manager(config, **manager_kwargs(enable_caching=False))
+
+
+def test_state_checkpoints_are_refused_by_name() -> None:
+    """A state group in cache mode "align" (vLLM's state checkpoints for prefix caching) is refused in one
+    line even with caching off; mode "none" is what the group manager serves."""
+    align = MambaSpec(block_size=BLOCK, shapes=((1,),), dtypes=(torch.float32,), mamba_cache_mode="align")
+    config = make_config(16, specs=[align, full()])
+    with pytest.raises(TagmaUnsupported, match="state layers in mamba_cache_mode='align'"):
+        build_kv_cache_manager(config, **manager_kwargs(enable_caching=False))
