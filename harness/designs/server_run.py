@@ -151,7 +151,7 @@ class ServerRun:
             time.sleep(self.cfg.run.telemetry_interval_s + 0.5)
         self.sampler.__exit__(None, None, None)
         samples, self.sampler = self.sampler.samples, None
-        if not self.server.alive():
+        if self.server.died():
             raise RunFailed(f"{self.arm.label} server died mid-run\n{self.server.log_tail()}")
         rows = [request_row(r) for r in results]
         for row, extra in zip(rows, extra_rows or [{}] * len(rows), strict=True):

@@ -284,7 +284,7 @@ class GroupRun:
                 results, duration = asyncio.run(replay_workload(cfg, server.base_url, wl, bar))
             status["replay_end_ns"] = time.time_ns()
             assert server.server is not None
-            if not server.server.alive():
+            if server.server.died():
                 raise RunFailed(f"{arm.label} server died during {cell.name}\n{server.server.log_tail()}")
         except (TimeoutError, RunFailed) as e:
             status["reason"] = str(e) or type(e).__name__

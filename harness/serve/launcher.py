@@ -212,6 +212,19 @@ class Server:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def died(self, grace_s: float = 10.0) -> bool:
+        """Whether the server process has gone. A killed server stops answering before its exit can be
+        seen (a process with many threads and a large heap takes a moment to go), so one that does not
+        answer /health is given ``grace_s`` to finish exiting before it counts as alive."""
+        if not self.alive():
+            return True
+        if self.healthy():
+            return False
+        assert self.proc is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=grace_s)
+        return not self.alive()
+
     def log_text(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")

@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import os
 import signal
-import threading
 from pathlib import Path
 
 import aiohttp
@@ -15,6 +14,7 @@ import numpy as np
 import psutil
 import pytest
 
+from harness.client import send_one
 from harness.designs import paired
 from harness.designs.server_run import ServerRun
 from harness.workload.spec import RequestSpec, Workload
@@ -58,22 +58,29 @@ def test_paired_server_killed_mid_round_fails_that_round_and_the_next_runs(
         requests=[_ids_request(i, rng, 200, 64) for i in range(10)],
         provenance={},
     )
+    # The kill lands at a fixed point of the replay (before round 0's candidate gets its last request), not
+    # after a timer, which raced the replay's end in CI. Nothing waits for the process to go: the design must
+    # see a server that is still exiting, moments before the round ends, as dead.
+    victim: dict[str, object] = {}
     killed: list[int] = []
     begin_replay = ServerRun.begin_replay
 
-    def begin_then_kill(self: ServerRun) -> None:
+    def begin_and_mark(self: ServerRun) -> None:
         begin_replay(self)
-        if self.index == 1 and not killed:  # round 0's candidate, once its replay has begun
+        if self.index == 1 and not victim:  # round 0's candidate
             assert self.server is not None and self.server.proc is not None
-            pid = self.server.proc.pid
+            victim.update(url=self.base_url, pid=self.server.proc.pid, sent=0)
 
-            def kill() -> None:
-                killed.append(pid)
-                os.killpg(pid, signal.SIGKILL)  # the whole server: API process and engine core
+    async def send_or_kill(session: object, url: str, *args: object, **kwargs: object) -> None:
+        if victim and not killed and url.startswith(str(victim["url"])):
+            victim["sent"] = int(victim["sent"]) + 1  # type: ignore[call-overload]
+            if victim["sent"] == len(workload.requests):
+                killed.append(int(victim["pid"]))  # type: ignore[call-overload]
+                os.killpg(killed[0], signal.SIGKILL)  # the whole server: API process and engine core
+        await send_one(session, url, *args, **kwargs)
 
-            threading.Timer(2.0, kill).start()
-
-    monkeypatch.setattr(ServerRun, "begin_replay", begin_then_kill)
+    monkeypatch.setattr(ServerRun, "begin_replay", begin_and_mark)
+    monkeypatch.setattr(paired, "send_one", send_or_kill)
     before = _children()
     statuses = paired.run(cfg, workload)
     assert killed, "the kill never fired"

@@ -171,3 +171,33 @@ def test_a_start_up_failure_of_another_kind_is_not_retried(
     with pytest.raises(ServerError, match="model failed to load") as err:
         server.start()
     assert not err.value.port_taken and len(spawned) == 1
+
+
+def _bare_server(tmp_path: Path, script: str) -> Server:
+    """A Server whose process is ``script`` (it binds nothing, so /health never answers)."""
+    import subprocess
+
+    server = Server(ServerSpec(model="m"), tmp_path / "server.log")
+    server.port = launcher.free_port()
+    server.proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    return server
+
+
+def test_a_server_that_stopped_answering_and_exits_within_the_grace_has_died(tmp_path: Path) -> None:
+    server = _bare_server(tmp_path, "import time; time.sleep(1.0)")  # still exiting when first asked
+    try:
+        assert server.alive()
+        assert server.died(grace_s=30.0)
+        assert not server.alive()
+    finally:
+        server.stop()
+
+
+def test_a_live_process_that_does_not_answer_is_not_called_dead(tmp_path: Path) -> None:
+    server = _bare_server(tmp_path, "import time; time.sleep(60)")
+    try:
+        assert not server.died(grace_s=0.3)
+        assert server.alive()
+    finally:
+        server.stop()
+    assert not server.alive()
