@@ -6,9 +6,11 @@ Tagma's manager keeps a :class:`Telemetry`; for vLLM's own manager the plugin at
 ``paged``) when the file is asked for, so both arms pay the same cost: per step one clock read; per line one
 walk over the blocks each live request gained since the previous line.
 
-Contiguity is measured the same way on both arms, from vLLM's own per-request block lists
-(``coordinator.single_type_managers[0].req_to_blocks``): ``ranges_per_request`` counts, per live request,
-the runs of consecutive physical block ids in logical order (a request whose blocks are 7, 8, 9, 3 has two).
+Contiguity is measured the same way on both arms: ``ranges_per_request`` counts, per live request and KV
+cache group, the runs of consecutive physical block ids in logical order (a request whose blocks are 7, 8, 9,
+3 has two), after a sliding-window group's leading null blocks; for vLLM's manager from its per-group block
+lists (``coordinator.single_type_managers[g].req_to_blocks``), for tagma's from its ranges. ``live_requests``
+counts requests (not request-group pairs): the manager's own count, or vLLM's first-group block lists.
 ``free_blocks`` and ``num_blocks`` come from the block pool (``get_num_free_blocks`` counts evictable
 prefix-cache blocks as free, as vLLM does). ``peak_ranges_per_request`` is a maximum over the lines written so
 far; ``peak_live_requests`` over every step start as well (one ``len`` per step while a file is asked for),
@@ -56,7 +58,8 @@ class BlockRuns:
         seen = self._seen
         now: dict[str, tuple[int, int, int, int]] = {}
         counts: list[int] = []
-        for req_id, blocks in req_to_blocks.items():
+        for req_id, listed in req_to_blocks.items():
+            blocks = _live_blocks(listed)
             n = len(blocks)
             if n == 0:
                 continue
@@ -78,6 +81,14 @@ class BlockRuns:
             counts.append(runs)
         self._seen = now
         return counts
+
+
+def _live_blocks(blocks: Sequence[Any]) -> Sequence[Any]:
+    """A block list without its leading null blocks (a sliding-window group's dropped blocks)."""
+    skip = 0
+    while skip < len(blocks) and blocks[skip].is_null:
+        skip += 1
+    return blocks[skip:] if skip else blocks
 
 
 def runs_summary(counts: Sequence[int]) -> dict[str, float]:
@@ -112,7 +123,7 @@ class Telemetry:
             interval_s = float(os.environ.get(ENV_INTERVAL, DEFAULT_TELEMETRY_INTERVAL_S))
         self.interval_s = interval_s
         self._next = 0.0
-        self._runs = BlockRuns()
+        self._runs: list[BlockRuns] = []  # one per KV cache group
         self.peak_ranges_per_request = 0
         self.peak_live_requests = 0
 
@@ -124,14 +135,15 @@ class Telemetry:
         if counter is not None:
             counts = counter()
         else:
-            counts = self._runs.update(manager.coordinator.single_type_managers[0].req_to_blocks)
+            counts = self._paged_runs(manager.coordinator.single_type_managers)
         ranges = runs_summary(counts)
+        live = self.live_requests_now()
         self.peak_ranges_per_request = max(self.peak_ranges_per_request, ranges["max"])
-        self.peak_live_requests = max(self.peak_live_requests, len(counts))
+        self.peak_live_requests = max(self.peak_live_requests, live)
         record: dict[str, Any] = {
             "t": time.time(),
             "ranges_per_request": ranges,
-            "live_requests": len(counts),
+            "live_requests": live,
             "free_blocks": pool.get_num_free_blocks(),
             "num_blocks": pool.num_gpu_blocks,
             "policy": self.policy,
@@ -151,6 +163,12 @@ class Telemetry:
                 external_fragmentation=s.external_fragmentation,
             )
         return record
+
+    def _paged_runs(self, managers: Sequence[Any]) -> list[int]:
+        """Runs per live (request, group) from vLLM's per-group block lists (null blocks skipped)."""
+        while len(self._runs) < len(managers):
+            self._runs.append(BlockRuns())
+        return [c for runs, m in zip(self._runs, managers, strict=False) for c in runs.update(m.req_to_blocks)]
 
     def live_requests_now(self) -> int:
         """Requests holding KV cache now, in O(1): the manager's own count where it keeps no block lists,

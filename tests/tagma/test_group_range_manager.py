@@ -277,6 +277,40 @@ def test_window_group_holds_what_vllm_holds_in_decode() -> None:
     assert_no_leak(twin.tagma)
 
 
+def test_placement_telemetry_counts_requests_and_their_groups_alike_on_both_arms() -> None:
+    """With several groups, ``live_requests`` (and its peak) counts requests on both arms, and the runs of
+    block ids are counted per (request, group) on both: vLLM's window group skips its null blocks (a null
+    block is not a run of the request's KV)."""
+    from tagma.probes.telemetry import Telemetry
+
+    twin = GroupTwin(LAYOUTS["gpt-oss"], num_blocks=64)
+    for rid in ("a", "b"):
+        twin.add(rid, list(range(3 * BLOCK)))
+        assert twin.schedule(rid)
+    for token in range(6 * BLOCK):  # well past the window: the window groups hold null blocks
+        for rid in ("a", "b"):
+            assert twin.decode(rid, token)
+    assert twin.tagma.num_blocks_dropped("a", 0) >= 4
+    lines = [Telemetry(name, manager=m).snapshot() for name, m in (("paged", twin.paged), ("t", twin.tagma))]
+    for line in lines:
+        assert (line["live_requests"], line["peak_live_requests"]) == (2, 2), line
+
+    def runs(ids: list[int]) -> int:
+        live = [i for i in ids if i != 0]
+        return 1 + sum(b != a + 1 for a, b in zip(live, live[1:], strict=False))
+
+    for line, ids_of in ((lines[0], lambda rid: [[b.block_id for b in m.req_to_blocks[rid]]
+                                                 for m in twin.paged.coordinator.single_type_managers]),
+                         (lines[1], twin.tagma.get_block_ids)):  # fmt: skip
+        counts = [runs(ids) for rid in ("a", "b") for ids in ids_of(rid)]
+        assert len(counts) == 4
+        assert line["ranges_per_request"]["mean"] == sum(counts) / 4, (line, counts)
+        assert line["ranges_per_request"]["max"] == max(counts), (line, counts)
+    twin.free("a")
+    twin.free("b")
+    assert_no_leak(twin.tagma)
+
+
 def test_window_frees_wait_for_in_flight_steps() -> None:
     """Async scheduling: blocks the in-flight prefill still reads stay allocated; once its output is
     processed the next allocation frees them (vLLM's test_swa_inflight_window_free, on tagma's counts)."""
