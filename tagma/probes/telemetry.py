@@ -168,7 +168,8 @@ class Telemetry:
         """Runs per live (request, group) from vLLM's per-group block lists (null blocks skipped)."""
         while len(self._runs) < len(managers):
             self._runs.append(BlockRuns())
-        return [c for runs, m in zip(self._runs, managers, strict=False) for c in runs.update(m.req_to_blocks)]
+        pairs = zip(self._runs, managers, strict=False)
+        return [c for runs, m in pairs for c in runs.update(m.req_to_blocks)]
 
     def live_requests_now(self) -> int:
         """Requests holding KV cache now, in O(1): the manager's own count where it keeps no block lists,
