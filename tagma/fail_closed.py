@@ -128,9 +128,13 @@ def _diffusion(c: Any) -> str | None:
     return None
 
 
-# Speculative methods tagma serves: the proposer needs no KV cache of its own, so the manager sees only
-# lookahead tokens (allocated with the step's tokens; a rejected token's slot is rewritten next step).
-SERVED_SPECULATIVE_METHODS = ("ngram",)
+# Speculative methods tagma serves. ngram's proposer holds no KV cache: the manager sees only lookahead
+# tokens (allocated with the step's tokens; a rejected token's slot is rewritten next step). A draft model's
+# layers join the target's KV cache group(s) (vLLM groups layers by spec), so its KV lives in the request's
+# blocks: the manager sees the same lookahead slots (num_speculative_tokens) and no EAGLE block drop, and the
+# drafter's slot kernels read the block-table rows tagma materializes. EAGLE/MTP (use_eagle: hit-block drop,
+# EAGLE groups) stay refused.
+SERVED_SPECULATIVE_METHODS = ("ngram", "draft_model")
 
 
 def _speculative(c: Any) -> str | None:
@@ -138,7 +142,8 @@ def _speculative(c: Any) -> str | None:
     if spec is None or spec.method in SERVED_SPECULATIVE_METHODS:
         return None
     method = spec.method
-    return f"speculative decoding with a drafter that holds KV cache (--speculative-config method={method})"
+    return (f"speculative decoding with a drafter on the target's hidden states (--speculative-config "
+            f"method={method}; EAGLE-family drafters, served: ngram, draft_model)")
 
 
 def _kv_connector(c: Any) -> str | None:

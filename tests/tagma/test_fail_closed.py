@@ -196,13 +196,22 @@ def test_ngram_speculative_decoding_is_served() -> None:
     assert fail_closed.unsupported_features(config) == []
 
 
-# A drafter model (the tiny model drafting for itself): its layers take KV cache slots tagma does not place
-DRAFT_MODEL_SPEC = {"method": "draft_model", "model": str(TINY_MODEL), "num_speculative_tokens": 2}
+def test_a_draft_model_is_served() -> None:
+    """A draft model's layers join the target's KV cache group: the manager sees lookahead slots only (served
+    in tests/tagma/test_speculative_serving.py)."""
+    spec = {"method": "draft_model", "model": str(TINY_MODEL), "num_speculative_tokens": 2}
+    config = engine_config(additional_config=dict(TAGMA), speculative_config=spec)
+    assert fail_closed.unsupported_features(config) == []
 
 
-def test_speculative_drafter_with_kv_cache_is_refused() -> None:
-    assert refusal(speculative_config=DRAFT_MODEL_SPEC) == expect(
-        "speculative decoding with a drafter that holds KV cache (--speculative-config method=draft_model)"
+# An EAGLE drafter (the tiny model's config stands in for a head: the config is all fail_closed reads)
+EAGLE_SPEC = {"method": "eagle", "model": str(TINY_MODEL), "num_speculative_tokens": 2}
+
+
+def test_an_eagle_drafter_is_refused() -> None:
+    assert refusal(speculative_config=EAGLE_SPEC) == expect(
+        "speculative decoding with a drafter on the target's hidden states (--speculative-config "
+        "method=eagle; EAGLE-family drafters, served: ngram, draft_model)"
     )
 
 
@@ -282,10 +291,10 @@ def test_kv_cache_dtype_alone_is_supported() -> None:
 
 
 def test_every_feature_is_named_on_one_line() -> None:
-    message = refusal(speculative_config=DRAFT_MODEL_SPEC, pipeline_parallel_size=2)
+    message = refusal(speculative_config=EAGLE_SPEC, pipeline_parallel_size=2)
     assert message == (
-        "tagma: unsupported: speculative decoding with a drafter that holds KV cache "
-        "(--speculative-config method=draft_model); "
+        "tagma: unsupported: speculative decoding with a drafter on the target's hidden states "
+        "(--speculative-config method=eagle; EAGLE-family drafters, served: ngram, draft_model); "
         f"pipeline parallelism (--pipeline-parallel-size 2; untested){HINT}"
     )
 
