@@ -230,6 +230,10 @@ class GroupRun:
                     if failed is not None:
                         break
                     failed = self.segment(server, cell, index, arm, life_dir)
+                if self.base.run.host_time and failed is None:
+                    # the server writes host-time lines on its telemetry interval: one more line holds the
+                    # last segment's final steps (stopped sooner, a short segment would have none)
+                    time.sleep(self.base.run.telemetry_interval_s + 0.5)
                 if server.sampler is not None:
                     server.sampler.__exit__(None, None, None)
                     server.sampler = None

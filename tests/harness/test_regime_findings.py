@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.analysis.compare import host_steps
+from harness.analysis.runs import load_runs
 from harness.analysis.statistics import Comparison
 from harness.regime.analysis import mde
 from harness.regime.collect import collect, structure_problems
@@ -142,6 +144,13 @@ def test_the_smoke_map_runs_end_to_end_on_real_servers(tmp_path: Path, tok_dir: 
             "p99_tpot_ms",
         }
         assert all(cell["composition"][a]["steps"] > 0 for a in ("baseline", "candidate"))
+    # Every segment's host time reaches the end of its replay: the lifetime's last segment too (its server
+    # is stopped only after writing one more host-time line; before, a short last cell lost its final steps)
+    for cell_dir in (map_dir / "prefix-on" / "cells").iterdir():
+        for run in load_runs(cell_dir):
+            steps = host_steps(run)
+            assert steps is not None and len(steps["end_ns"]), run["dir"]
+            assert steps["end_ns"].max() >= int(run["replay_end_ns"]) - 500_000_000, run["dir"]
     rates = json.loads((map_dir / "prefix-on" / "rates.json").read_text())
     assert rates["open0.8-p1024"]["rate"] > 0
     sources = load_sources(sources_for(tmp_path, record))
