@@ -65,7 +65,7 @@ def test_the_telemetry_writer_writes_contract_records(tmp_path: Path) -> None:
         engine = RangeEngine(64, policy="headroom")
     except EngineNotBuiltError:
         pytest.skip("the engine library is not built")
-    block = lambda i: SimpleNamespace(block_id=i)  # noqa: E731
+    block = lambda i: SimpleNamespace(block_id=i, is_null=False)  # noqa: E731 (vLLM's KVCacheBlock fields read)
     pool = SimpleNamespace(get_num_free_blocks=lambda: 59, num_gpu_blocks=64)
     req_to_blocks = {"a": [block(i) for i in range(1, 6)]}
     manager = SimpleNamespace(block_pool=pool, coordinator=SimpleNamespace(
