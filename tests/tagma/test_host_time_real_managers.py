@@ -74,6 +74,7 @@ def test_block_runs_incremental() -> None:
     @dataclass
     class B:
         block_id: int
+        is_null: bool = False
 
     runs = BlockRuns()
     table: dict[str, list[B]] = {"a": [B(7), B(8), B(9)], "b": [], "c": [B(3)]}
@@ -83,6 +84,14 @@ def test_block_runs_incremental() -> None:
     assert runs.update(table) == [2, 2]
     table["a"] = [B(20), B(21)]  # freed and allocated again: walked from the start
     assert runs.update(table) == [1, 2]
+    # a window group's list: null blocks where it dropped blocks are not runs; as its start advances, the
+    # first live block changes and the list is walked again
+    window = {"w": [B(0, True), B(0, True), B(5), B(6)]}
+    assert runs.update(window) == [1]
+    window["w"] = [B(0, True), B(0, True), B(0, True), B(6), B(2)]
+    assert runs.update(window) == [2]
+    window["w"] = [B(0, True)] * 5
+    assert runs.update(window) == []  # only null blocks: not live
     assert runs_summary([]) == {"mean": 0.0, "p99": 0.0, "max": 0}
     assert runs_summary([1] * 99 + [5]) == {"mean": 1.04, "p99": 1.0, "max": 5}
 
