@@ -10,27 +10,21 @@ groups (layer types, sliding windows, chunked attention, per-layer KV shapes) is
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
-from tagma.contract import DEFAULT_RANGE_MANAGER, ENV_RANGE_MANAGER
+from tagma.contract import ENV_RANGE_MANAGER
 from tagma.errors import TagmaUnsupported
-from tagma.selector import CLI_FLAG, PAGED, SCHEDULER_QUALNAME
+from tagma.selector import CLI_FLAG, PAGED, SCHEDULER_QUALNAME, range_manager_enabled
 
 __all__ = ["check", "unsupported_features"]
 
 Check = Callable[[Any], str | None]
 
 
-def _range_managers_on() -> bool:
-    """Whether the engine core will build tagma's range-native managers (``$TAGMA_RANGE_MANAGER`` != 0)."""
-    return os.environ.get(ENV_RANGE_MANAGER, DEFAULT_RANGE_MANAGER).strip() != "0"
-
-
 def _block_object_manager(kind: str) -> str | None:
     """The refusal of several KV cache groups when ``$TAGMA_RANGE_MANAGER`` = 0 (one group only)."""
-    if not _range_managers_on():
+    if not range_manager_enabled():
         return f"{kind} with {ENV_RANGE_MANAGER}=0 (the block-object manager serves one group)"
     return None
 
@@ -210,7 +204,7 @@ def _per_layer_kv_dtype(c: Any) -> str | None:
 def _prefix_index(c: Any) -> bool:
     """Whether the engine core will serve prefix caching with tagma's token-keyed prefix index (caching on,
     range manager not switched off): the index keys blocks by token ids, cache salt and LoRA adapter only."""
-    return bool(c.cache_config.enable_prefix_caching) and _range_managers_on()
+    return bool(c.cache_config.enable_prefix_caching) and range_manager_enabled()
 
 
 def _prefix_cache_keys(c: Any) -> str | None:

@@ -8,17 +8,35 @@ entry; ``paged`` (stock vLLM) is the default when neither is given.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Mapping
 from typing import Any, Final
 
-from tagma.contract import BACKENDS, CLI_FLAG, CONFIG_KEY, PAGED, TAGMA
+from tagma.contract import (
+    BACKENDS,
+    CLI_FLAG,
+    CONFIG_KEY,
+    DEFAULT_RANGE_MANAGER,
+    ENV_RANGE_MANAGER,
+    PAGED,
+    TAGMA,
+)
 from tagma.errors import TagmaConfigError
 
-__all__ = ["BACKENDS", "CLI_FLAG", "CONFIG_KEY", "PAGED", "SCHEDULER_QUALNAME", "TAGMA", "TagmaConfigError"]
+__all__ = [
+    "BACKENDS", "CLI_FLAG", "CONFIG_KEY", "PAGED", "SCHEDULER_QUALNAME", "TAGMA", "TagmaConfigError",
+    "range_manager_enabled",
+]  # fmt: skip
 
 CLI_DEST: Final = CONFIG_KEY
 # What scheduler_config.scheduler_cls names once tagma is selected (see tagma.core.scheduler).
 SCHEDULER_QUALNAME: Final = "tagma.core.scheduler.TagmaScheduler"
+
+
+def range_manager_enabled() -> bool:
+    """Whether tagma's range-native managers serve (prefix caching off or on): ``$TAGMA_RANGE_MANAGER`` != 0.
+    The one reading of the variable: the plugin's refusals and the manager registry both ask here."""
+    return os.environ.get(ENV_RANGE_MANAGER, DEFAULT_RANGE_MANAGER).strip() != "0"
 
 
 def add_cli_flag(parser: argparse.ArgumentParser) -> None:

@@ -23,7 +23,6 @@ by that class's constructor: such configurations get the :data:`DEFAULT_SPEC` en
 
 from __future__ import annotations
 
-import os
 from typing import Any, Final
 
 from vllm.v1.kv_cache_interface import (
@@ -34,11 +33,11 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
-from tagma.contract import DEFAULT_RANGE_MANAGER, ENV_RANGE_MANAGER
 from tagma.core.group_range_manager import GroupRangeKVCacheManager
 from tagma.core.manager import SIGNATURE, TagmaKVCacheManager
 from tagma.core.prefix_manager import PrefixKVCacheManager
 from tagma.core.range_manager import RangeKVCacheManager
+from tagma.selector import range_manager_enabled
 
 __all__ = [
     "BLOCK_OBJECTS",
@@ -79,11 +78,6 @@ spec_manager_map: dict[type[KVCacheSpec], dict[str, type[TagmaKVCacheManager]]] 
 }
 DEFAULT_SPEC: Final[type[KVCacheSpec]] = FullAttentionSpec
 MULTI_GROUP_SPEC: Final[type[KVCacheSpec]] = SlidingWindowSpec
-
-
-def range_manager_enabled() -> bool:
-    """Whether the range-native managers serve (prefix caching off or on): ``$TAGMA_RANGE_MANAGER`` != 0."""
-    return os.environ.get(ENV_RANGE_MANAGER, DEFAULT_RANGE_MANAGER).strip() != "0"
 
 
 def manager_variant(enable_caching: bool, range_manager: bool | None = None) -> str:

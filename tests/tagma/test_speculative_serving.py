@@ -15,8 +15,8 @@ requests together:
   materializes; drafting for itself, every draft is accepted unless the drafter reads the wrong KV (seen
   here: 1,239 of 1,239 paged, 1,242 of 1,242 tagma; totals differ with where preemption fell).
 Prompts repeat a phrase so that ngram finds drafts; greedy decoding; a pool small enough to preempt.
-Token ids must be identical per request, drafts must have been proposed and some rejected on both arms,
-and no block is held after the queue drained."""
+Token ids must be identical per request; on both arms drafts must have been proposed, some of ngram's
+rejected and the self-drafting model's (nearly) all accepted; no block is held after the queue drained."""
 
 from __future__ import annotations
 
