@@ -96,6 +96,13 @@ class Engine {
   int64_t prefix_insert(uint64_t ns, uint64_t id, const int32_t* tokens, int64_t tokens_start, int64_t num_tokens);
   int64_t prefix_clear();
   tagma_prefix_stats prefix_stats() const;
+  // Side groups of the prefix index (prefix_side.cpp); see tagma_prefix_side_* in tagma.h.
+  void prefix_side_enable(int32_t groups);
+  int64_t prefix_side_insert(uint64_t full_id, int32_t group, uint64_t side_id, int64_t side_first_logical,
+                             int64_t start, int64_t end, const uint8_t* mask);
+  void prefix_side_lookup(int32_t group, const int32_t* nodes, int64_t count, int32_t* out) const;
+  void prefix_side_attach(uint64_t id, const int32_t* blocks, int64_t count);
+  tagma_prefix_side_stats prefix_side_stats() const;
 
  private:
   // engine_prefix.cpp: the prefix index, when enabled; it owns every cache reference then.
@@ -103,6 +110,11 @@ class Engine {
   int64_t prefix_walk(uint64_t ns, const int32_t* tokens, int64_t num_tokens, int64_t max_blocks, int32_t* out);
   void prefix_forget(uint64_t id);
   int64_t prefix_evict(int32_t block, FreeRunBuilder& freed);
+  // Drops cached block `block`'s cache reference; frees it (into `freed`) when no request uses it. Returns
+  // the blocks freed (0 or 1).
+  int64_t uncache(int32_t block, FreeRunBuilder& freed);
+  // Gives request `id` (which holds no block) the cached `blocks` in logical order, as ranges.
+  void attach_cached(uint64_t id, Request& request, const int32_t* blocks, int64_t count);
   // prefix_allocate.cpp: allocation while the index is enabled (it evicts as the index's mode says).
   void prefix_allocate(uint64_t id, Request& request, int64_t count, int32_t* new_blocks_out);
   int64_t evict_lru_until_free(int64_t count);

@@ -19,24 +19,43 @@
 
 namespace tagma {
 
-// Evicts indexed block `block` with its subtree: cache-only nodes become free (into `freed`), nodes in use
-// only lose their cache reference. Returns the number of blocks freed.
+// Evicts cached block `block`: a side block alone; a node with its subtree and the side blocks cached at
+// them. Cache-only blocks become free (into `freed`), blocks in use only lose their cache reference.
+// Returns the number of blocks freed.
 int64_t Engine::prefix_evict(int32_t block, FreeRunBuilder& freed) {
   PrefixIndex& index = *prefix_;
   int64_t freed_blocks = 0;
+  if (index.side_owner(block) != PrefixIndex::kNone) {
+    index.remove_side(block);
+    ++index.counters.side_evicted_blocks;
+    freed_blocks = uncache(block, freed);
+    index.counters.evicted_blocks += freed_blocks;
+    return freed_blocks;
+  }
+  const int32_t groups = index.side_groups();
   index.remove_subtree(block, [&](int32_t node) {
-    const auto b = static_cast<size_t>(node);
-    cache_refs_[b] = 0;
-    if (node != block) ++index.counters.subtree_blocks;
-    if (req_refs_[b] == 0) {
-      lru_.remove(node);
-      freed.add(node);
-      prefix_evicted_.push_back(node);
-      ++freed_blocks;
+    for (int32_t group = 0; group < groups; ++group) {
+      const int32_t side = index.side(node, group);
+      if (side == PrefixIndex::kNone) continue;
+      index.remove_side(side);
+      ++index.counters.side_evicted_blocks;
+      freed_blocks += uncache(side, freed);
     }
+    if (node != block) ++index.counters.subtree_blocks;
+    freed_blocks += uncache(node, freed);
   });
   index.counters.evicted_blocks += freed_blocks;
   return freed_blocks;
+}
+
+int64_t Engine::uncache(int32_t block, FreeRunBuilder& freed) {
+  const auto b = static_cast<size_t>(block);
+  cache_refs_[b] = 0;
+  if (req_refs_[b] != 0) return 0;
+  lru_.remove(block);
+  freed.add(block);
+  prefix_evicted_.push_back(block);
+  return 1;
 }
 
 // Evicts LRU victims (with their subtrees) until `count` blocks are free. Returns the blocks freed.

@@ -106,4 +106,75 @@ tagma_status tagma_prefix_stats_get(tagma_engine_handle h, tagma_prefix_stats* o
       out);
 }
 
+tagma_status tagma_prefix_side_enable(tagma_engine_handle h, int32_t groups) {
+  return run_with_engine(
+      "tagma_prefix_side_enable", h,
+      [](Engine& engine, void* a) { engine.prefix_side_enable(*static_cast<int32_t*>(a)); }, &groups);
+}
+
+tagma_status tagma_prefix_side_insert(tagma_engine_handle h, uint64_t full_request, int32_t group,
+                                      uint64_t side_request, int64_t side_first_logical, int64_t start, int64_t end,
+                                      const uint8_t* mask, int64_t* num_cached) {
+  struct Args {
+    uint64_t full;
+    int32_t group;
+    uint64_t side;
+    int64_t first;
+    int64_t start;
+    int64_t end;
+    const uint8_t* mask;
+    int64_t* result;
+  } args{full_request, group, side_request, side_first_logical, start, end, mask, num_cached};
+  return run_with_engine(
+      "tagma_prefix_side_insert", h,
+      [](Engine& engine, void* a) {
+        const auto* x = static_cast<Args*>(a);
+        const int64_t cached = engine.prefix_side_insert(x->full, x->group, x->side, x->first, x->start, x->end, x->mask);
+        if (x->result != nullptr) *x->result = cached;
+      },
+      &args);
+}
+
+tagma_status tagma_prefix_side_lookup(tagma_engine_handle h, int32_t group, const int32_t* nodes, int64_t count,
+                                      int32_t* out) {
+  struct Args {
+    int32_t group;
+    const int32_t* nodes;
+    int64_t count;
+    int32_t* out;
+  } args{group, nodes, count, out};
+  return run_with_engine(
+      "tagma_prefix_side_lookup", h,
+      [](Engine& engine, void* a) {
+        const auto* x = static_cast<Args*>(a);
+        engine.prefix_side_lookup(x->group, x->nodes, x->count, x->out);
+      },
+      &args);
+}
+
+tagma_status tagma_prefix_side_attach(tagma_engine_handle h, uint64_t request, const int32_t* blocks, int64_t count) {
+  struct Args {
+    uint64_t request;
+    const int32_t* blocks;
+    int64_t count;
+  } args{request, blocks, count};
+  return run_with_engine(
+      "tagma_prefix_side_attach", h,
+      [](Engine& engine, void* a) {
+        const auto* x = static_cast<Args*>(a);
+        engine.prefix_side_attach(x->request, x->blocks, x->count);
+      },
+      &args);
+}
+
+tagma_status tagma_prefix_side_stats_get(tagma_engine_handle h, tagma_prefix_side_stats* out) {
+  return run_with_engine(
+      "tagma_prefix_side_stats_get", h,
+      [](Engine& engine, void* a) {
+        require_non_null(static_cast<tagma_prefix_side_stats*>(a), "out");
+        *static_cast<tagma_prefix_side_stats*>(a) = engine.prefix_side_stats();
+      },
+      out);
+}
+
 }  // extern "C"

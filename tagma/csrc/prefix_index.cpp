@@ -149,7 +149,32 @@ void PrefixIndex::reset() {
   for (uint32_t& generation : generation_) ++generation;
   roots_.clear();
   num_nodes_ = 0;
+  std::fill(side_.begin(), side_.end(), kNone);
+  std::fill(side_owner_.begin(), side_owner_.end(), kNone);
+  std::fill(alias_.begin(), alias_.end(), kNone);
+  num_side_ = 0;
   ++epoch_;
+}
+
+void PrefixIndex::enable_side(int32_t groups) {
+  if (groups < 1 || groups > kMaxSideGroups) {
+    fail(TAGMA_E_INVALID_ARG, "side groups ", groups, " must be in [1, ", kMaxSideGroups, "]");
+  }
+  if (side_groups_ != 0) fail(TAGMA_E_STATE, "the prefix index's side groups are already enabled");
+  if (num_nodes_ != 0) fail(TAGMA_E_STATE, "side groups on a prefix index that holds ", num_nodes_, " blocks");
+  const auto n = static_cast<size_t>(num_blocks_);
+  // Every allocation first: a failure leaves the index without side groups.
+  std::vector<int32_t> side(n * static_cast<size_t>(groups), kNone);
+  std::vector<int32_t> owner(n, kNone);
+  std::vector<int32_t> group(n, 0);
+  std::vector<int32_t> alias(n, kNone);
+  std::vector<uint32_t> alias_generation(n, 0);
+  side_.swap(side);
+  side_owner_.swap(owner);
+  side_group_.swap(group);
+  alias_.swap(alias);
+  alias_generation_.swap(alias_generation);
+  side_groups_ = groups;
 }
 
 }  // namespace tagma

@@ -8,6 +8,15 @@
 // the child list, so every child is either its parent's first child or in the table.
 // Every table is sized when the index is built (a node per block at most), so adding a node never
 // allocates. This class knows nothing of reference counts: the engine (engine_prefix.cpp) keeps them.
+//
+// Side groups (prefix_side.cpp): the blocks of other KV cache groups (a sliding window's) that hold the
+// same tokens as a node, cached *at* that node: side(node, g) is group g's block for the node's logical
+// position, or kNone. A side block is no node (it has no children and no key of its own); it is dropped on
+// its own (an eviction of the block) or with its node. A window's hit needs a run of recent side blocks
+// along the path of the full group's nodes, whose earlier side blocks may be long gone: keyed this way,
+// evicting one side block never takes another with it.
+// alias(block): for a block that was found to duplicate a node when its request was indexed, that node (the
+// request's path runs through it), so a side block can be cached at the node a duplicate stands for.
 #ifndef TAGMA_PREFIX_INDEX_H
 #define TAGMA_PREFIX_INDEX_H
 
@@ -31,6 +40,7 @@ EvictionMode parse_eviction_mode(int32_t mode);
 class PrefixIndex {
  public:
   static constexpr int32_t kNone = -1;
+  static constexpr int32_t kMaxSideGroups = 64;
 
   // Where a request stands: its logical blocks [0, indexed) are indexed (or duplicates of indexed blocks)
   // and `node` is the node reached (kNone before its namespace has a root). `lost`: it indexes nothing more.
@@ -54,6 +64,8 @@ class PrefixIndex {
     int64_t in_place_evictions = 0;
     int64_t window_evictions = 0;
     int64_t clears = 0;
+    int64_t side_inserted_blocks = 0;
+    int64_t side_evicted_blocks = 0;  // side blocks uncached (on their own or with their node)
   };
 
   PrefixIndex(int32_t num_blocks, int32_t block_size, EvictionMode mode);
@@ -97,8 +109,54 @@ class PrefixIndex {
   template <class Visit>
   void remove_subtree(int32_t block, Visit&& visit);
 
-  // Forgets every node and root (O(num_blocks)); the epoch changes.
+  // Forgets every node, root and side block (O(num_blocks * side groups)); the epoch changes.
   void reset();
+
+  // ---- side groups
+  int32_t side_groups() const { return side_groups_; }
+  // Sizes the side tables for `groups` side groups (the index must hold no node yet).
+  void enable_side(int32_t groups);
+  int32_t side(int32_t node, int32_t group) const {
+    return side_[static_cast<size_t>(node) * static_cast<size_t>(side_groups_) + static_cast<size_t>(group)];
+  }
+  // The node side block `block` is cached at, or kNone when it is no side block.
+  int32_t side_owner(int32_t block) const {
+    return side_groups_ == 0 ? kNone : side_owner_[static_cast<size_t>(block)];
+  }
+  // Caches `block` (no node, no side block) as group `group`'s block at `node` (which has none).
+  void add_side(int32_t node, int32_t group, int32_t block) {
+    side_[static_cast<size_t>(node) * static_cast<size_t>(side_groups_) + static_cast<size_t>(group)] = block;
+    side_owner_[static_cast<size_t>(block)] = node;
+    side_group_[static_cast<size_t>(block)] = group;
+    ++num_side_;
+  }
+  // Uncaches side block `block` from its node.
+  void remove_side(int32_t block) {
+    const auto b = static_cast<size_t>(block);
+    side_[static_cast<size_t>(side_owner_[b]) * static_cast<size_t>(side_groups_) +
+          static_cast<size_t>(side_group_[b])] = kNone;
+    side_owner_[b] = kNone;
+    --num_side_;
+  }
+  int64_t num_side() const { return num_side_; }
+  void set_alias(int32_t block, int32_t node) {
+    if (side_groups_ == 0) return;
+    alias_[static_cast<size_t>(block)] = node;
+    alias_generation_[static_cast<size_t>(block)] = generation_[static_cast<size_t>(node)];
+  }
+  // The node block `block` stands for: itself when it is a node, the node it duplicated while that node
+  // lives, else kNone. Only meaningful for a block its request has indexed (the caller checks).
+  int32_t node_of(int32_t block) const {
+    const auto b = static_cast<size_t>(block);
+    if (parent_[b] != kNone) return block;
+    if (side_groups_ == 0) return kNone;
+    const int32_t node = alias_[b];
+    if (node == kNone || parent_[static_cast<size_t>(node)] == kNone ||
+        generation_[static_cast<size_t>(node)] != alias_generation_[b]) {
+      return kNone;
+    }
+    return node;
+  }
 
   std::unordered_map<uint64_t, Cursor> cursors;  // by engine request id
   Counters counters;
@@ -145,6 +203,13 @@ class PrefixIndex {
   std::vector<int32_t> first_child_;   // per node (blocks, then roots)
   std::unordered_map<uint64_t, int32_t> roots_;
   std::vector<int32_t> stack_;  // remove_subtree's work list, reserved for every block
+  int32_t side_groups_ = 0;
+  int64_t num_side_ = 0;
+  std::vector<int32_t> side_;        // per node and side group: the side block, kNone when none
+  std::vector<int32_t> side_owner_;  // per block: the node it is cached at as a side block, else kNone
+  std::vector<int32_t> side_group_;  // per block: its side group (while side_owner_ is set)
+  std::vector<int32_t> alias_;       // per block: the node it duplicated (see node_of)
+  std::vector<uint32_t> alias_generation_;
 };
 
 template <class Visit>

@@ -6,6 +6,7 @@
 
 #include "engine.h"
 #include "error.h"
+#include "prefix_index.h"
 
 namespace tagma {
 
@@ -94,13 +95,19 @@ void Engine::free_front(uint64_t id, int64_t count) {
   if (count % geometry_.align != 0) {
     fail(TAGMA_E_MISALIGNED, "count ", count, " is not a multiple of align ", geometry_.align);
   }
-  if (prefix_) fail(TAGMA_E_STATE, "free_front with the prefix index (it keys a request's blocks from logical 0)");
+  if (prefix_ && prefix_->cursors.count(id) != 0) {
+    fail(TAGMA_E_STATE, "free_front of request ", id, ", which is in the prefix index (it keys its blocks from logical 0)");
+  }
   if (count == 0) return;
   const int64_t ranges_before = request.num_ranges();
   const int32_t end_before = request.ranges().back().end();
   FreeRunBuilder freed(free_list_);
-  request.drop_front(static_cast<int32_t>(count), [&](int32_t block) { drop_request_ref(block, freed, nullptr); });
+  std::optional<FreeRunBuilder> unused;
+  if (unused_) unused.emplace(*unused_);
+  FreeRunBuilder* const unused_blocks = unused ? &*unused : nullptr;
+  request.drop_front(static_cast<int32_t>(count), [&](int32_t block) { drop_request_ref(block, freed, unused_blocks); });
   freed.flush();
+  if (unused) unused->flush();
   range_counts_.change(ranges_before, request.num_ranges());
   update_frontier(id, request, end_before);
 }

@@ -127,7 +127,9 @@ tagma_status tagma_request_release(tagma_engine_handle h, uint64_t request);
 /* Release the request's first `count` blocks (0 <= count <= its blocks, a multiple of align), as release does, in reverse logical
  * order; the blocks after them are renumbered from logical 0 (a sliding window's start advancing: the caller
  * keeps how many it dropped). Its ranges stay, the first one cut; O(ranges). The request stays valid, empty
- * when count is all of it. Fails with TAGMA_E_STATE while the prefix index is enabled. */
+ * when count is all of it. With the prefix index, fails with TAGMA_E_STATE for a request in it (indexed or
+ * attached by lookup_attach: the index keys its blocks from logical 0); a side request's freed blocks that
+ * are cached become cache-only. */
 tagma_status tagma_request_free_front(tagma_engine_handle h, uint64_t request, int64_t count);
 
 /* Append `count` new blocks (count > 0, multiple of align) to the request's logical end. In-place growth of
@@ -378,6 +380,46 @@ tagma_status tagma_prefix_insert(tagma_engine_handle h, uint64_t ns, uint64_t re
  * *num_dropped (nullable): blocks that had a cache reference. */
 tagma_status tagma_prefix_clear(tagma_engine_handle h, int64_t *num_dropped);
 tagma_status tagma_prefix_stats_get(tagma_engine_handle h, tagma_prefix_stats *out);
+
+/* ---- side groups of the prefix index (prefix_side.cpp): the blocks of other KV cache groups (a sliding
+ * window's) cached at the full-attention group's nodes, as vLLM caches each group's block by (hash, group).
+ *
+ * The full group's requests are indexed as above; each other group's blocks of a request live in a side
+ * request (an engine request with no place in the index, whose leading logical blocks may have been freed
+ * with tagma_request_free_front). A side block is cached at the node of the same logical position, for its
+ * group: one block per (node, group). It holds the index's cache reference like a node, is cache-only (LRU)
+ * once no request uses it, and is evicted alone (it has no subtree); evicting a node evicts the side blocks
+ * cached at it and at its subtree. A window's hit needs only the last blocks of the full group's hit, whose
+ * earlier side blocks may be gone: the caller looks them up by the nodes of the full group's walk
+ * (tagma_prefix_lookup's ids). */
+typedef struct tagma_prefix_side_stats {
+    int64_t side_groups;
+    int64_t cached_blocks;    /* side blocks cached now */
+    int64_t inserted_blocks;  /* cumulative: side blocks cached */
+    int64_t evicted_blocks;   /* cumulative: side blocks uncached (alone or with their node) */
+} tagma_prefix_side_stats;
+
+/* Sizes the index for `groups` side groups in [1, 64]: once, before any block is indexed (else
+ * TAGMA_E_STATE). Memory: num_blocks * (groups + 4) * 4 bytes. */
+tagma_status tagma_prefix_side_enable(tagma_engine_handle h, int32_t groups);
+/* Caches side request `side_request`'s blocks for `group` at the nodes of full request `full_request`:
+ * for each logical position p in [start, end) with mask[p - start] != 0 (mask nullable: every position)
+ * that the full request's walk has indexed (its own block is the node, or its block duplicated a node),
+ * the side request's block at local position p - side_first_logical (skipped when outside its blocks:
+ * freed, or not allocated) is cached at that node unless the node has a block for the group already or the
+ * block is cached elsewhere. *num_cached (nullable): blocks cached by this call. */
+tagma_status tagma_prefix_side_insert(tagma_engine_handle h, uint64_t full_request, int32_t group,
+                                      uint64_t side_request, int64_t side_first_logical, int64_t start, int64_t end,
+                                      const uint8_t *mask, int64_t *num_cached);
+/* out[i] = group `group`'s side block cached at nodes[i] (a block id), or -1 (none, or nodes[i] is no node
+ * now). Changes nothing. */
+tagma_status tagma_prefix_side_lookup(tagma_engine_handle h, int32_t group, const int32_t *nodes, int64_t count,
+                                      int32_t *out);
+/* Attaches cached side blocks to `request`, which holds no block and is not in the index: request references
+ * taken, cache-only blocks leave the LRU, consecutive ids become one range, in the order given. Every block
+ * must be a cached side block, listed once (else TAGMA_E_STATE, nothing changed). */
+tagma_status tagma_prefix_side_attach(tagma_engine_handle h, uint64_t request, const int32_t *blocks, int64_t count);
+tagma_status tagma_prefix_side_stats_get(tagma_engine_handle h, tagma_prefix_side_stats *out);
 
 #ifdef __cplusplus
 }

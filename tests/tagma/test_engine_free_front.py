@@ -82,12 +82,25 @@ def test_free_front_refuses_bad_input_and_changes_nothing(eng: RangeEngine) -> N
     expect_error(eng, [req], RequestNotFoundError, lambda: eng.free_front(req + 999, 1))
 
 
-def test_free_front_is_refused_with_the_prefix_index(eng: RangeEngine) -> None:
-    PrefixIndex(eng, 4)
+def test_free_front_is_refused_for_a_request_in_the_prefix_index(eng: RangeEngine) -> None:
+    index = PrefixIndex(eng, 4)
     req = eng.create_request()
     eng.append(req, 2)
+    index.insert(0, req, list(range(8)))
     err = expect_error(eng, [req], BlockStateError, lambda: eng.free_front(req, 1))
     assert "prefix index" in err.message
+
+
+def test_free_front_with_the_prefix_index_frees_a_side_request_s_blocks(eng: RangeEngine) -> None:
+    """A request the index does not know (a window group's) drops its front as without the index; its
+    blocks count as unused again for placement."""
+    PrefixIndex(eng, 4)
+    req = eng.create_request()
+    eng.append(req, 3)
+    free = eng.stats().free_blocks
+    eng.free_front(req, 2)
+    assert eng.stats().free_blocks == free + 2
+    assert eng.blocks(req).size == 1
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -97,13 +97,16 @@ void check_status(tagma_status status) {
 struct State {
   tagma_stats stats{};
   tagma_prefix_stats prefix{};
+  tagma_prefix_side_stats side{};
   std::vector<int32_t> req_refs, cache_refs, free_ranges, lru;
   bool same_as(const State& o) const {
     return std::memcmp(&stats, &o.stats, sizeof(stats)) == 0 && req_refs == o.req_refs &&
            cache_refs == o.cache_refs && free_ranges == o.free_ranges && lru == o.lru &&
            prefix.indexed_blocks == o.prefix.indexed_blocks && prefix.namespaces == o.prefix.namespaces &&
            prefix.eviction_mode == o.prefix.eviction_mode && prefix.inserted_blocks == o.prefix.inserted_blocks &&
-           prefix.evicted_blocks == o.prefix.evicted_blocks && prefix.clears == o.prefix.clears;
+           prefix.evicted_blocks == o.prefix.evicted_blocks && prefix.clears == o.prefix.clears &&
+           side.side_groups == o.side.side_groups && side.cached_blocks == o.side.cached_blocks &&
+           side.inserted_blocks == o.side.inserted_blocks && side.evicted_blocks == o.side.evicted_blocks;
   }
 };
 
@@ -115,6 +118,8 @@ struct Model {
   int64_t end_usable = 0;
   bool prefix = false;
   int64_t block_size = 0;
+  int32_t side_groups = 0;            // the prefix index's side groups (0: not enabled)
+  std::set<uint64_t> attached;        // requests lookup_attach gave a place in the index (free_front refuses them)
   std::map<uint64_t, std::vector<int32_t>> requests;  // live: blocks in logical order
   std::map<uint64_t, int> family;                     // token family per request (prefix tokens)
   std::map<uint64_t, uint64_t> ns;                    // namespace fixed by a request's first insert/attach
@@ -157,6 +162,8 @@ State read_state(const Model& m) {
   if (m.prefix) {
     g_call = "tagma_prefix_stats_get";
     expect(tagma_prefix_stats_get(m.h, &s.prefix) == TAGMA_OK, "prefix stats");
+    g_call = "tagma_prefix_side_stats_get";
+    expect(tagma_prefix_side_stats_get(m.h, &s.side) == TAGMA_OK, "side stats");
   }
   return s;
 }
@@ -233,7 +240,11 @@ void check_model(const Model& m, const State& s) {
                s.cache_refs[static_cast<size_t>(b)] > 0,
            "an LRU block that is not cache-only");
   }
-  if (m.prefix) expect(s.prefix.indexed_blocks == cache_nodes, "indexed blocks != blocks with a cache reference");
+  if (m.prefix) {
+    expect(s.prefix.indexed_blocks + s.side.cached_blocks == cache_nodes,
+           "indexed + side blocks != blocks with a cache reference");
+    expect(s.side.side_groups == m.side_groups, "side groups differ from the model");
+  }
 }
 
 // Fresh (never appended) blocks of an append: in the usable space, distinct, held by no request before.
@@ -445,7 +456,8 @@ struct Fuzzer {
         const tagma_status st =
             mutate("tagma_request_free_front", before, [&] { return tagma_request_free_front(h, id, count); });
         if (st == TAGMA_OK) {
-          expect(h == m.h && live != m.requests.end() && !m.prefix, "free_front of an unknown id or with the index");
+          expect(h == m.h && live != m.requests.end() && m.attached.count(id) == 0,
+                 "free_front of an unknown id or of a request in the index");
           expect(count >= 0 && count <= held && count % m.align == 0, "free_front of a bad count succeeded");
           auto& blocks = live->second;
           blocks.erase(blocks.begin(), blocks.begin() + static_cast<std::ptrdiff_t>(count));
@@ -456,6 +468,7 @@ struct Fuzzer {
                    "free_front: the kept blocks moved");
           }
         } else {
+          // with the index, a request its walk has reached is refused (an insert may have reached it)
           expect(h != m.h || live == m.requests.end() || m.prefix || count < 0 || count > held ||
                      count % m.align != 0,
                  "free_front of a live request's own blocks failed");
@@ -683,7 +696,11 @@ struct Fuzzer {
   }
 
   void prefix_ops(const State& before) {
-    const int op = static_cast<int>(rng.range(0, 6));
+    const int op = static_cast<int>(rng.range(0, 10));
+    if (op >= 7) {
+      side_ops(before);
+      return;
+    }
     if (op == 0 || (!m.prefix && rng.chance(0.5))) {
       const int64_t bs = rng.chance(0.1) ? rng.hostile() : rng.range(1, 4);
       const int32_t mode = rng.chance(0.1) ? rng.hostile32() : static_cast<int32_t>(rng.range(0, 1));
@@ -754,6 +771,7 @@ struct Fuzzer {
           expect(hit >= 0 && hit <= max_blocks, "lookup_attach hit");
           m.requests[target] = hit > 0 ? fetch_tail(target, hit) : std::vector<int32_t>{};
           m.ns[target] = tns;
+          m.attached.insert(target);
           for (const int32_t b : m.requests[target]) {
             expect(now.cache_refs[static_cast<size_t>(b)] == 1, "lookup_attach attached an unindexed block");
           }
@@ -786,6 +804,93 @@ struct Fuzzer {
         mutate("tagma_prefix_clear", before,
                [&] { return tagma_prefix_clear(pick_handle(), rng.chance(0.3) ? nullptr : &dropped); });
       }
+    }
+  }
+
+  // The prefix index's side groups: enable, insert (a side request's blocks at a full request's nodes),
+  // lookup at the nodes of a walk, attach what was found to a fresh request.
+  void side_ops(const State& before) {
+    const int op = static_cast<int>(rng.range(0, 3));
+    if (op == 0 || (m.side_groups == 0 && rng.chance(0.6))) {
+      const int32_t groups = rng.chance(0.15) ? rng.hostile32() : static_cast<int32_t>(rng.range(0, 3));
+      const tagma_status st =
+          mutate("tagma_prefix_side_enable", before, [&] { return tagma_prefix_side_enable(pick_handle(), groups); });
+      if (st == TAGMA_OK) {
+        expect(m.prefix && m.side_groups == 0 && groups >= 1 && groups <= 64, "side_enable");
+        m.side_groups = groups;
+      }
+      return;
+    }
+    const int32_t group = rng.chance(0.1) ? rng.hostile32() : static_cast<int32_t>(rng.range(0, 2));
+    const int64_t bs = std::max<int64_t>(m.block_size, 1);
+    const int family = static_cast<int>(rng.range(0, 3));
+    const std::vector<int32_t> tokens = tokens_of(family, 12 * bs);
+    if (op == 1) {  // insert
+      const uint64_t full = pick_request();
+      const uint64_t side = pick_request();
+      const int64_t first = rng.chance(0.1) ? rng.hostile() : rng.range(0, 3);
+      int64_t start = rng.chance(0.1) ? rng.hostile() : rng.range(0, 12);
+      int64_t end = rng.chance(0.1) ? rng.hostile() : rng.range(0, 14);
+      std::vector<uint8_t> mask(16);
+      for (uint8_t& bit : mask) bit = rng.chance(0.6) ? 1 : 0;
+      const bool with_mask = start >= 0 && end >= start && end - start <= 16 && rng.chance(0.5);
+      int64_t cached = -1;
+      const tagma_status st = mutate("tagma_prefix_side_insert", before, [&] {
+        return tagma_prefix_side_insert(pick_handle(), full, group, side, first, start, end,
+                                        with_mask ? mask.data() : nullptr, rng.chance(0.2) ? nullptr : &cached);
+      });
+      if (st == TAGMA_OK) {
+        expect(m.side_groups > 0 && group >= 0 && group < m.side_groups && full != side, "side_insert succeeded");
+        expect(m.requests.count(full) == 1 && m.requests.count(side) == 1, "side_insert of an unknown request");
+        expect(cached == -1 || (cached >= 0 && cached <= std::max<int64_t>(end - start, 0)), "side_insert count");
+      }
+      return;
+    }
+    // lookup the nodes of a walk, then attach the side blocks found (or hostile ids) to a fresh request
+    std::vector<int32_t> nodes(13, -1);
+    int64_t hit = 0;
+    g_call = "tagma_prefix_lookup";
+    if (m.prefix) {
+      expect(tagma_prefix_lookup(m.h, static_cast<uint64_t>(family % 2), tokens.data(), static_cast<int64_t>(tokens.size()),
+                                 12, nodes.data(), &hit) == TAGMA_OK, "lookup for side");
+    }
+    nodes.resize(static_cast<size_t>(hit));
+    if (rng.chance(0.1)) nodes.push_back(static_cast<int32_t>(rng.chance(0.5) ? rng.hostile32() : rng.range(0, m.num_blocks)));
+    std::vector<int32_t> found(nodes.size(), -2);
+    const tagma_status st = mutate("tagma_prefix_side_lookup", before, [&] {
+      return tagma_prefix_side_lookup(pick_handle(), group, rng.chance(0.03) ? nullptr : nodes.data(),
+                                      static_cast<int64_t>(nodes.size()), found.data());
+    });
+    if (st != TAGMA_OK || op == 2) {
+      if (st == TAGMA_OK) {
+        for (const int32_t b : found) {
+          expect(b == -1 || (b >= 1 && b < m.num_blocks && before.cache_refs[static_cast<size_t>(b)] == 1),
+                 "side_lookup returned an uncached block");
+        }
+      }
+      return;
+    }
+    std::vector<int32_t> run;
+    for (const int32_t b : found) {
+      if (b >= 0) run.push_back(b);
+    }
+    if (rng.chance(0.1)) run.push_back(static_cast<int32_t>(rng.range(-2, m.num_blocks + 2)));
+    uint64_t target = pick_request();
+    if (rng.chance(0.8)) {
+      g_call = "tagma_request_create";
+      expect(tagma_request_create(m.h, &target) == TAGMA_OK, "create");
+      m.requests[target] = {};
+      m.family[target] = family;
+    }
+    const State now = read_state(m);
+    const tagma_status attached = mutate("tagma_prefix_side_attach", now, [&] {
+      return tagma_prefix_side_attach(pick_handle(), target, run.empty() ? nullptr : run.data(),
+                                      static_cast<int64_t>(run.size()));
+    });
+    if (attached == TAGMA_OK) {
+      expect(m.requests.count(target) == 1 && m.requests.at(target).empty(), "side_attach to a holding request");
+      m.requests[target] = run;
+      for (const int32_t b : run) expect(now.cache_refs[static_cast<size_t>(b)] == 1, "side_attach of an uncached block");
     }
   }
 
