@@ -1,10 +1,11 @@
 """Fail closed: the configurations tagma refuses, checked on the VllmConfig before any model loads.
 
-tagma serves one full-attention or MLA KV cache group (prefix caching on or off), or full-attention,
-sliding-window and state (Mamba/GDN) groups with prefix caching off, written through plain token-to-slot
-mappings. Everything else is refused with one line naming the feature. The KV cache manager
-(``tagma.core.manager``) repeats the group/spec checks on the real ``KVCacheConfig`` in the engine core as a
-backstop for what only model loading reveals. What the model's config already tells about the KV cache
+tagma serves one full-attention or MLA KV cache group (prefix caching on or off), full-attention,
+sliding-window and state (Mamba/GDN) groups with prefix caching off, and sliding-window groups beside a
+full-attention layer with prefix caching on, written through plain token-to-slot mappings. Everything else
+is refused with one line naming the feature. The KV cache manager (``tagma.core.manager``) repeats the
+group/spec checks on the real ``KVCacheConfig`` in the engine core as a backstop for what only model loading
+reveals. What the model's config already tells about the KV cache
 groups (layer types, sliding windows, chunked attention, per-layer KV shapes) is refused here.
 """
 
@@ -57,9 +58,16 @@ def _hybrid(c: Any) -> str | None:
     return _block_object_manager("Mamba/hybrid models")
 
 
+# Layer kinds that are plain full attention in HF configs' ``layer_types``; anything else (linear, mamba,
+# conv, chunked, ...) gives vLLM a second KV cache spec, hence a second KV cache group.
+_FULL_ATTENTION_LAYER_TYPES = frozenset({"full_attention", "attention", "global_attention", "global"})
+
+
 def _sliding_window(c: Any) -> str | None:
-    # Sliding-window groups (alone or beside full attention): the range-native group manager
-    # (tagma.core.group_range_manager), prefix caching off. R-SWA (a window over the prompt's middle): never.
+    # Sliding-window groups (alone or beside full attention): the range-native group managers, prefix caching
+    # off (tagma.core.group_range_manager) or on beside a full-attention layer, whose prefix index keys the
+    # windows' cached blocks (tagma.core.group_prefix_manager). R-SWA (a window over the prompt's middle):
+    # never.
     mc = c.model_config
     if getattr(mc, "rswa_window", None) is not None:
         return f"R-SWA sliding-window attention (rswa_window={mc.rswa_window})"
@@ -67,9 +75,10 @@ def _sliding_window(c: Any) -> str | None:
     layer_types = getattr(mc.hf_text_config, "layer_types", None) or ()
     if window is None and "sliding_attention" not in layer_types:
         return None
-    if c.cache_config.enable_prefix_caching:
+    if c.cache_config.enable_prefix_caching and not _FULL_ATTENTION_LAYER_TYPES.intersection(layer_types):
         return (
-            f"sliding-window attention with prefix caching on (sliding_window={window}; tagma serves it with "
+            f"prefix caching with sliding-window attention on every layer (sliding_window={window}; no "
+            "full-attention layer keys the windows' cached blocks; tagma serves it with "
             "--no-enable-prefix-caching)"
         )
     return _block_object_manager("sliding-window attention")
@@ -78,11 +87,6 @@ def _sliding_window(c: Any) -> str | None:
 def _chunked_local(c: Any) -> str | None:
     chunk = getattr(c.model_config, "attention_chunk_size", None)
     return f"chunked local attention (attention_chunk_size={chunk})" if chunk is not None else None
-
-
-# Layer kinds that are plain full attention in HF configs' ``layer_types``; anything else (linear, mamba,
-# conv, chunked, ...) gives vLLM a second KV cache spec, hence a second KV cache group.
-_FULL_ATTENTION_LAYER_TYPES = frozenset({"full_attention", "attention", "global_attention", "global"})
 
 
 def _layer_types(c: Any) -> str | None:

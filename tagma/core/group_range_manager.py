@@ -197,10 +197,12 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
 
     # ---- vLLM's arithmetic, per group
 
-    def _to_allocate(self, state: list[_Held] | None, num_tokens: int, computed: int, cap: bool) -> int:
+    def _to_allocate(
+        self, state: list[_Held] | None, num_tokens: int, computed: int, cap: bool, hit: int = 0
+    ) -> int:
         """Blocks to allocate for ``num_tokens`` slots: vLLM's ``get_num_blocks_to_allocate`` of each
-        single-type manager, summed over the groups (no prefix-cache hit; ``cap``: the recycling-aware
-        admission cap)."""
+        single-type manager, summed over the groups (``cap``: the recycling-aware admission cap; ``hit``: a
+        new request's prefix-cache hit in blocks, which every group holds or skips)."""
         total = 0
         for g, (window, bs, limit, extra) in enumerate(self._info):
             required = -(-(num_tokens + extra) // bs)
@@ -210,7 +212,7 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
                 held = state[g]
                 base = held.dropped + held.held
             else:
-                base = 0
+                base = hit
             if window is not None:
                 skipped = (computed - window + 1) // bs
                 if skipped > base:
@@ -219,9 +221,11 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
                 total += required - base
         return total
 
-    def _free_skipped(self, state: list[_Held], processed: int) -> None:
+    def _free_skipped(self, state: list[_Held], processed: int) -> bool:
         """Release each window group's blocks wholly before the next token's window (vLLM's
-        ``remove_skipped_blocks``): one engine call per group whose window start crossed a block."""
+        ``remove_skipped_blocks``): one engine call per group whose window start crossed a block. Returns
+        whether any block was released."""
+        freed = False
         for g, window, bs in self._window_info:
             held = state[g]
             skipped = (processed - window + 1) // bs
@@ -234,6 +238,8 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
                     held.dropped += k
                     self.block_pool._num_free += k
                     self._fresh = None
+                    freed = True
+        return freed
 
     def _num_blocks_to_allocate(
         self,
@@ -307,7 +313,13 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
             state = self._reqs[rid] = [_Held() for _ in self._managers]
         if need == 0:
             return self.empty_kv_cache_blocks
+        return self._append(rid, state, need_tokens, new)
+
+    def _append(self, rid: str, state: list[_Held], need_tokens: int, fresh: bool) -> GroupBlocks:
+        """Each group's blocks for ``need_tokens`` slots beyond what it holds or dropped; the view of the new
+        blocks (kept for ``get_blocks`` when ``fresh``: the request's first allocation is all it holds)."""
         engine = self.engine
+        pool = self.block_pool
         groups: list[tuple[int, list[int]]] = []
         for g, held in enumerate(state):
             n = -(-(need_tokens + self._info[g][3]) // self._block_sizes[g]) - held.dropped - held.held
@@ -323,7 +335,7 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
                 self._zero_ids.extend(ids_from_runs(runs, self._table))
             groups.append((0, runs))
         view = GroupBlocks(tuple(groups), self._table, pool)
-        self._fresh = (rid, view) if new else None
+        self._fresh = (rid, view) if fresh else None
         return view
 
     def remove_skipped_blocks(

@@ -47,7 +47,7 @@ from tagma.engine import Policy, _raise
 from tagma.engine.prefix_index import EvictionMode, PrefixIndex
 from tagma.errors import TagmaUnsupported
 
-__all__ = ["ENV_PREFIX_EVICTION", "HitBlocks", "PrefixKVCacheManager"]
+__all__ = ["ENV_PREFIX_EVICTION", "HitBlocks", "PrefixKVCacheManager", "request_namespace"]
 
 logger = logging.getLogger("vllm.tagma")
 
@@ -60,6 +60,20 @@ LOOKAHEAD_HASHES = (
     "block hashes that cover tokens after their block (lookahead hashes; tagma keys a block by its tokens)"
 )
 _LOST = 1 << 62  # "indexed up to" of a request whose index cursor was lost: nothing more to insert
+
+def request_namespace(index: PrefixIndex, default_ns: int, request: Request) -> int:
+    """The request's index namespace: ``default_ns`` without cache salt or LoRA, else an id per distinct
+    key (vLLM's extra keys for token-only requests)."""
+    if request.mm_features or getattr(request, "prompt_embeds", None) is not None:
+        raise TagmaUnsupported(
+            "multimodal inputs or prompt embeddings with prefix caching (the prefix index keys token ids)"
+        )
+    lora = request.lora_request
+    salt = request.cache_salt
+    if lora is None and not salt:
+        return default_ns
+    return index.namespace((salt or None, lora.lora_name if lora else None, lora.lora_path if lora else None))
+
 
 class _NoBlockBookkeeping(dict):  # type: ignore[type-arg]
     """vLLM's per-request ``num_cached_block`` on the single-type manager: tagma keeps none (the engine's
@@ -217,18 +231,7 @@ class PrefixKVCacheManager(RangeKVCacheManager):
     # ---- namespaces
 
     def _namespace(self, request: Request) -> int:
-        """The request's index namespace: 0 without cache salt or LoRA, else an id per distinct key."""
-        if request.mm_features or getattr(request, "prompt_embeds", None) is not None:
-            raise TagmaUnsupported(
-                "multimodal inputs or prompt embeddings with prefix caching (the prefix index keys token ids)"
-            )
-        lora = request.lora_request
-        salt = request.cache_salt
-        if lora is None and not salt:
-            return self._default_ns
-        return self.index.namespace(
-            (salt or None, lora.lora_name if lora else None, lora.lora_path if lora else None)
-        )
+        return request_namespace(self.index, self._default_ns, request)
 
     # ---- free count
 

@@ -14,7 +14,9 @@ Variants of one spec:
   (:class:`~tagma.core.manager.TagmaKVCacheManager`).
 
 Sliding-window groups and configurations of several KV cache groups (gpt-oss, Gemma 3, Mistral) get
-:class:`~tagma.core.group_range_manager.GroupRangeKVCacheManager` for caching off; it refuses caching on.
+:class:`~tagma.core.group_range_manager.GroupRangeKVCacheManager` for caching off and
+:class:`~tagma.core.group_prefix_manager.GroupPrefixKVCacheManager` for caching on (one full-attention group
+beside the windows; it refuses the rest by name).
 
 A configuration the chosen class cannot serve (a spec without an entry, several KV cache groups) is refused
 by that class's constructor: such configurations get the :data:`DEFAULT_SPEC` entry, whose managers raise
@@ -33,6 +35,7 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
+from tagma.core.group_prefix_manager import GroupPrefixKVCacheManager
 from tagma.core.group_range_manager import GroupRangeKVCacheManager
 from tagma.core.manager import SIGNATURE, TagmaKVCacheManager
 from tagma.core.prefix_manager import PrefixKVCacheManager
@@ -68,11 +71,11 @@ spec_manager_map: dict[type[KVCacheSpec], dict[str, type[TagmaKVCacheManager]]] 
         PREFIX_INDEX: PrefixKVCacheManager,
         BLOCK_OBJECTS: TagmaKVCacheManager,
     },
-    # Also every configuration with several KV cache groups (MULTI_GROUP_SPEC). The group manager serves
-    # prefix caching off over full-attention and sliding-window groups and refuses the rest in one line.
+    # Also every configuration with several KV cache groups (MULTI_GROUP_SPEC). The group managers serve
+    # full-attention, sliding-window and (caching off) state groups and refuse the rest in one line.
     SlidingWindowSpec: {
         RANGES: GroupRangeKVCacheManager,
-        PREFIX_INDEX: GroupRangeKVCacheManager,
+        PREFIX_INDEX: GroupPrefixKVCacheManager,
         BLOCK_OBJECTS: TagmaKVCacheManager,
     },
 }

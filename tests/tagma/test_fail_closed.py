@@ -109,14 +109,26 @@ def test_hybrid_state_layers_are_served_with_prefix_caching_off(
 
 
 SLIDING_WITH_CACHING = (
-    "sliding-window attention with prefix caching on (sliding_window=64; tagma serves it with "
-    "--no-enable-prefix-caching)"
+    "prefix caching with sliding-window attention on every layer (sliding_window=64; no full-attention "
+    "layer keys the windows' cached blocks; tagma serves it with --no-enable-prefix-caching)"
 )
 
 
-def test_sliding_window_with_prefix_caching_is_refused(models: Path) -> None:
+def test_sliding_window_on_every_layer_with_prefix_caching_is_refused(models: Path) -> None:
     model = craft_model(models, "mistral-swa", **SLIDING_WINDOW_MODEL)
     assert refusal(model) == expect(SLIDING_WITH_CACHING)
+
+
+def test_sliding_window_beside_full_attention_is_served_with_prefix_caching(models: Path) -> None:
+    """Gemma 3's layout (5 window layers to 1 full): caching on (vLLM's default) is the group prefix
+    manager's (tests/tagma/test_group_prefix_manager.py)."""
+    from harness.serve.tiny_families import FAMILIES
+
+    shape = FAMILIES["gemma3"].config().to_dict()
+    model = craft_model(models, "gemma3-swa", **{**shape, "architectures": ["Gemma3ForCausalLM"]})
+    config = engine_config(model, additional_config=dict(TAGMA))
+    assert config.cache_config.enable_prefix_caching
+    assert config.scheduler_config.scheduler_cls == "tagma.core.scheduler.TagmaScheduler"
 
 
 def test_sliding_window_without_prefix_caching_is_served(models: Path) -> None:
@@ -280,7 +292,7 @@ def test_more_than_one_kv_cache_group_is_refused_by_the_scheduler() -> None:
     from tests.tagma.test_plugin import build_scheduler, kv_cache_config
 
     config = engine_config(additional_config=dict(TAGMA))
-    with pytest.raises(ValueError, match=r"^tagma: unsupported: prefix caching with .* several KV cache gr"):
+    with pytest.raises(ValueError, match=r"^tagma: unsupported: prefix caching with 2 full-attention KV cache gr"):
         build_scheduler(config, kv_cache_config(num_groups=2))
 
 

@@ -29,7 +29,6 @@ def test_unsupported_configurations_are_refused() -> None:
     )
     cases: list[tuple[KVCacheConfig, dict[str, Any], str]] = [
         (make_config(16, specs=[sw]), {}, "sliding.window"),
-        (make_config(16, specs=[full_spec(), sw]), {}, "KV cache groups"),
         (make_config(16), {"dcp_world_size": 2}, "decode context parallelism"),
         (make_config(16), {"pcp_world_size": 2}, "prefill context parallelism"),
         (make_config(16), {"use_eagle": True}, "EAGLE"),
@@ -38,6 +37,10 @@ def test_unsupported_configurations_are_refused() -> None:
     for config, extra, feature in cases:
         with pytest.raises(ValueError, match=f"^tagma: unsupported: .*{feature}"):
             build_kv_cache_manager(config, **manager_kwargs(**extra))
+    # Several groups with caching on are the group prefix manager's (test_group_prefix_manager.py); the
+    # block-object manager itself serves one group.
+    with pytest.raises(ValueError, match="^tagma: unsupported: .*KV cache groups"):
+        TagmaKVCacheManager(make_config(16, specs=[full_spec(), sw]), **manager_kwargs())
 
 
 def test_constructor_accepts_vllm_arguments_and_passes_them_through() -> None:

@@ -1,12 +1,18 @@
 """Real vLLM servers on the sliding-window families (tiny gpt-oss, Gemma 3 and Mistral shapes, random
-weights): tagma's group manager generates exactly what paged generates, with prefix caching off.
+weights): tagma's group managers generate exactly what paged generates. gpt-oss and Gemma 3 run with prefix
+caching on (vLLM's default; tagma's group prefix manager, the windows' blocks cached at the full group's
+index nodes), Mistral, whose every layer slides, with caching off (with caching on tagma refuses it).
 
 Per family, a paged and a tagma server (one after the other: 2 cores) with the same settings get the same
 requests together: prompts past the window (so window groups drop blocks while prefilling in chunks and
 while decoding), greedy decoding, a KV pool small enough that the scheduler preempts (gpt-oss: one request
 at a time, see MAX_NUM_SEQS). The generated token ids must be identical per request, the pool must have
-preempted, and after the queue drained the tagma server's KV usage is back to zero (no block leaked). The
-paged arm is vLLM's own result: what tagma must match."""
+preempted, and after the queue drained the tagma server's KV usage is back to zero (no block leaked). With
+caching on, a chain of requests runs one at a time first (a prompt, its resend, two prompts sharing its
+prefix: the window's hit rules and vLLM's sparse window retention decide every hit, with no timing in it),
+and both arms must hit equally; the concurrent wave that follows (caching on or off) is where the pool
+preempts. The paged arm is vLLM's own result: what tagma must
+match."""
 
 from __future__ import annotations
 
@@ -37,13 +43,17 @@ WINDOW_FAMILIES = tuple(POOL_BLOCKS)
 # tagma-vs-paged equality would test vLLM's batch invariance. Alone it still drops window blocks while
 # prefilling in chunks and decoding; preemption is exercised on the two float32 families.
 MAX_NUM_SEQS = {"gpt-oss": 1, "mistral": 6, "gemma3": 6}
+PREFIX_CACHING = {"gpt-oss": True, "mistral": False, "gemma3": True}
 SERVER_ARGS = (
     "--block-size", str(BLOCK),
     "--max-num-batched-tokens", "512",  # chunked prefill: window groups drop blocks between chunks
-    "--no-enable-prefix-caching",
     "--seed", "0",
 )  # fmt: skip
-METRICS = {"vllm:num_preemptions_total": "preemptions", "vllm:kv_cache_usage_perc": "kv_usage"}
+METRICS = {
+    "vllm:num_preemptions_total": "preemptions",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:prefix_cache_hits_total": "prefix_hits",
+}
 REQUEST_TIMEOUT_S = 900
 
 
@@ -55,6 +65,19 @@ def plan(seed: int = 0) -> list[tuple[list[int], int]]:
         ([rng.randrange(3, 1000) for _ in range(rng.randint(100, 1500))], rng.randint(150, 400))
         for _ in range(10)
     ]
+
+
+def chain(seed: int = 1) -> list[tuple[list[int], int]]:
+    """(prompt, max_tokens), sent one at a time: A (a 700-token prefix P + 300 tokens), A again (a resend:
+    the full group's hit and the window's tail before A's replay boundary), P + 200 tokens (the full group
+    hits P; a short window finds no tail there: a shared-prefix junction), P + 250 tokens (the junction's
+    tail, cached by the previous request, makes the window hit)."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(3, 1000) for _ in range(700)]
+    first = prefix + [rng.randrange(3, 1000) for _ in range(300)]
+    return [(first, 50), (list(first), 50),
+            (prefix + [rng.randrange(3, 1000) for _ in range(200)], 50),
+            (prefix + [rng.randrange(3, 1000) for _ in range(250)], 50)]  # fmt: skip
 
 
 def _post(base_url: str, model: str, prompt: list[int], max_tokens: int) -> list[int]:
@@ -78,14 +101,21 @@ def serve(name: str, model: Path, backend: str, workdir: Path) -> dict[str, Any]
     spec = ServerSpec(model=str(model), backend=backend, dtype=FAMILIES[name].dtype,
                       max_model_len=MAX_MODEL_LEN, kv_cache_space_gib=1,
                       num_gpu_blocks_override=POOL_BLOCKS[name],
-                      extra_args=(*SERVER_ARGS, "--max-num-seqs", str(MAX_NUM_SEQS[name])))  # fmt: skip
+                      extra_args=(*SERVER_ARGS, "--max-num-seqs", str(MAX_NUM_SEQS[name]),
+                                  "--enable-prefix-caching" if PREFIX_CACHING[name]
+                                  else "--no-enable-prefix-caching"))  # fmt: skip
     with Server(spec, workdir / f"{name}-{backend}.log") as server:
+        tokens = []
+        chain_hits = 0.0
+        if PREFIX_CACHING[name]:
+            tokens = [_post(server.base_url, str(model), p, n) for p, n in chain()]
+            chain_hits = _metrics(server.base_url)["prefix_hits"]
         requests = plan()
         with ThreadPoolExecutor(len(requests)) as pool:
             futures = [pool.submit(_post, server.base_url, str(model), p, n) for p, n in requests]
-            tokens = [f.result() for f in futures]
+            tokens += [f.result() for f in futures]
         after = _metrics(server.base_url)
-    return {"tokens": tokens, **after}
+    return {"tokens": tokens, "chain_hits": chain_hits, **after}
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +140,10 @@ def test_tagma_generates_what_paged_generates(runs: dict[str, dict[str, dict[str
     # is sized so that the scheduler preempts.
     if MAX_NUM_SEQS[name] > 1:
         assert max(paged["preemptions"], tagma["preemptions"]) > 0, f"{name}: the pool is meant to preempt"
+    if PREFIX_CACHING[name]:
+        assert paged["chain_hits"] == tagma["chain_hits"] > 0, f"{name}: the chain's hits differ or are none"
+    else:
+        assert paged["prefix_hits"] == tagma["prefix_hits"] == 0
 
 
 @pytest.mark.parametrize("name", WINDOW_FAMILIES)

@@ -1,0 +1,507 @@
+"""Prefix caching across KV cache groups: full attention beside sliding windows (gpt-oss, Gemma 3).
+
+:class:`GroupPrefixKVCacheManager` is the group manager (:mod:`tagma.core.group_range_manager`: one engine
+request per (request, group), a window's start advancing with one engine call) plus the engine's hash-less
+prefix index for the full-attention group and the index's *side groups* for the windows
+(:mod:`tagma.engine.prefix_side`): a window group's cached block is kept at the full group's trie node of the
+same logical position, as vLLM keys it by (block hash, group). No vLLM block hash is computed.
+
+vLLM's rules (``HybridKVCacheCoordinator``, ``SlidingWindowManager``, vLLM 0.32) are kept where the scheduler
+can see them:
+
+* the hit: the full group's longest cached prefix (left to right), then each window spec group scans right to
+  left for the last ``cdiv(window - 1, block)`` blocks all cached (else the run from block 0), groups of one
+  spec jointly, to a fixed point; the full group's hit is cut to the result;
+* what a window caches: vLLM's own ``reachable_block_mask`` with the configured
+  ``prefix_cache_retention_interval`` (default 0: the tail before each replay boundary, ``num_prompt - 1``,
+  and before a shared-prefix junction), so the blocks a later request can hit are the same;
+* ``shared_prefix_boundary``: the longest single-group hit when a window lags the full group;
+* admission: vLLM's per-group arithmetic, cache-only hit blocks counted against the free blocks; the hit's
+  window blocks before the window are not attached (vLLM pads them with the null block).
+
+Scope: one full-attention group (its trie keys the windows' blocks), sliding-window groups, one block size,
+LRU or contiguous eviction. Refused by name: a model whose every layer slides (no full group to key by),
+state layers with caching on (state checkpoints), EAGLE/MTP, KV events (no hashes to publish).
+``estimate_cached_tokens`` (a prefill statistic) reports the full group's cached prefix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+from vllm.v1.core.kv_cache_coordinator import replay_boundaries
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, SlidingWindowManager
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, MambaSpec, SlidingWindowSpec
+from vllm.v1.request import Request
+
+from tagma.contract import DEFAULT_PREFIX_EVICTION, ENV_PREFIX_EVICTION
+from tagma.core.group_range_manager import GroupRangeKVCacheManager, GroupRangeRelease, _Held
+from tagma.core.manager import NO_TOKENS_MESSAGE, SIGNATURE, WAITING_STATUSES, TagmaKVCacheManager
+from tagma.core.prefix_manager import _no_hash_lookups, request_namespace
+from tagma.engine.prefix_index import EvictionMode, PrefixIndex
+from tagma.engine.prefix_side import PrefixSideGroups
+from tagma.errors import TagmaUnsupported
+
+__all__ = ["GroupHitBlocks", "GroupPrefixKVCacheManager", "GroupPrefixRelease"]
+
+_LOST = 1 << 62  # the full group's walk was lost (its node evicted): nothing more is cached for the request
+
+
+class GroupPrefixRelease(GroupRangeRelease):
+    """A request's engine requests, released later; the free count is then read from the engine (blocks
+    shared with other requests' hits stay in use)."""
+
+    __slots__ = ()
+
+    def release(self, pool: Any) -> None:
+        engine_requests, self.engine_requests = self.engine_requests, ()
+        for eng in engine_requests:
+            pool.engine.release(eng)
+        if engine_requests:
+            stats = pool.engine.stats()
+            pool._num_free = stats.free_blocks + stats.cached_only_blocks
+
+
+class GroupHitBlocks(KVCacheBlocks):
+    """A prefix-cache hit over every group: per group, null blocks before the window, then the hit ids."""
+
+    __slots__ = ("_groups", "_pool")
+
+    def __init__(self, groups: tuple[tuple[int, np.ndarray], ...], pool: Any) -> None:
+        self._groups = groups
+        self._pool = pool
+
+    def _ids(self, g: int) -> list[int]:
+        dropped, ids = self._groups[g]
+        return [self._pool.null_block.block_id] * dropped + ids.tolist()
+
+    @property
+    def blocks(self) -> tuple[list[Any], ...]:  # type: ignore[override]
+        table = self._pool.blocks
+        return tuple([table[i] for i in self._ids(g)] for g in range(len(self._groups)))
+
+    @property
+    def groups(self) -> tuple[tuple[int, np.ndarray], ...]:
+        return self._groups
+
+    def get_block_ids(  # type: ignore[override]
+        self, allow_none: bool = False, *, group_ids: Any = None
+    ) -> tuple[list[int], ...] | None:
+        chosen = range(len(self._groups)) if group_ids is None else group_ids
+        if allow_none and all(not self._groups[g][0] and not len(self._groups[g][1]) for g in chosen):
+            return None
+        return tuple(self._ids(g) for g in chosen)
+
+    def get_unhashed_block_ids(self) -> list[int]:
+        return []  # every hit block is cached
+
+    def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
+        return [[] for _ in self._groups]
+
+    def new_empty(self) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple(() for _ in self._groups))
+
+    def __repr__(self) -> str:
+        return f"GroupHitBlocks({[(d, ids.tolist()) for d, ids in self._groups]!r})"
+
+
+def _window_hit(cached: np.ndarray, limit: int, need: int) -> int:
+    """vLLM's ``SlidingWindowManager.find_longest_cache_hit`` on a row of cached flags (block alignment):
+    the end of the last run of ``need`` cached blocks within ``limit``, else the cached run from block 0."""
+    c = cached[:limit]
+    if need <= 0:  # a window of one token: the last cached block (vLLM's loop with a zero-length run)
+        found = np.flatnonzero(c)
+        return int(found[-1]) + 1 if found.size else 0
+    if limit >= need:
+        sums = np.convolve(c.astype(np.int32), np.ones(need, dtype=np.int32), mode="valid")
+        starts = np.flatnonzero(sums == need)
+        if starts.size:
+            return int(starts[-1]) + need
+    misses = np.flatnonzero(~c)
+    return int(misses[0]) if misses.size else limit
+
+
+class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
+    """``KVCacheManager`` for prefix caching on over one full-attention group and sliding-window groups.
+
+    Built through :func:`tagma.core.registry.build_kv_cache_manager` (vLLM's arguments; ``prefix_eviction``:
+    ``lru`` | ``contiguous``, default ``$TAGMA_PREFIX_EVICTION`` or lru).
+    """
+
+    uses_block_hashes = False  # the engine core builds requests without vLLM's block hasher
+    SERVED_SPECS = (FullAttentionSpec, SlidingWindowSpec)
+    SERVED_MANAGERS = (FullAttentionManager, SlidingWindowManager)
+
+    @classmethod
+    def unsupported(cls, kv_cache_config: KVCacheConfig, args: dict[str, Any]) -> str | None:
+        groups = kv_cache_config.kv_cache_groups
+        if any(isinstance(g.kv_cache_spec, MambaSpec) for g in groups):
+            return (
+                "state layers with prefix caching on (state checkpoints, mamba_cache_mode='align'; tagma "
+                "serves them with --no-enable-prefix-caching)"
+            )
+        feature = TagmaKVCacheManager.unsupported.__func__(cls, kv_cache_config, args)  # type: ignore[attr-defined]
+        if feature is not None:
+            return feature
+        fulls = sum(type(g.kv_cache_spec) is FullAttentionSpec for g in groups)
+        if fulls == 0:
+            return (
+                "prefix caching with sliding-window attention on every layer (no full-attention group keys "
+                "the windows' cached blocks; tagma serves it with --no-enable-prefix-caching)"
+            )
+        if fulls > 1:
+            return f"prefix caching with {fulls} full-attention KV cache groups (tagma's index keys one)"
+        if len({g.kv_cache_spec.block_size for g in groups}) > 1:
+            return "prefix caching with KV cache groups of different block sizes"
+        if args.get("enable_kv_cache_events"):
+            return "KV cache events with prefix caching (tagma's prefix index has no block hashes to publish)"
+        return None
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        *args: Any,
+        prefix_eviction: str | int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        bound = SIGNATURE.bind(None, kv_cache_config, max_model_len, *args, **kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        arguments.pop("self")
+        if not arguments.get("enable_caching", True):
+            raise ValueError("tagma: GroupPrefixKVCacheManager serves prefix caching on only")
+        feature = self.unsupported(kv_cache_config, arguments)
+        if feature is not None:
+            raise TagmaUnsupported(feature)
+        mode = EvictionMode.parse(
+            prefix_eviction
+            if prefix_eviction is not None
+            else (os.environ.get(ENV_PREFIX_EVICTION) or DEFAULT_PREFIX_EVICTION)
+        )
+        # The group manager under it: vLLM's coordinator without its prefix cache (its arithmetic is used,
+        # never its caching), then caching switched on for the scheduler-facing contract.
+        arguments["enable_caching"] = False
+        super().__init__(**arguments)
+        self.enable_caching = True
+        groups = kv_cache_config.kv_cache_groups
+        self._bs = self._block_sizes[0]
+        self._full = next(g for g, grp in enumerate(groups) if type(grp.kv_cache_spec) is FullAttentionSpec)
+        self._side = {g: k for k, g in enumerate(self._windows)}  # vLLM group -> side group
+        # vLLM's spec groups: window groups of equal spec are looked up jointly
+        spec_groups: list[tuple[Any, list[int]]] = []
+        for g in self._windows:
+            spec = groups[g].kv_cache_spec
+            for other, members in spec_groups:
+                if other == spec:
+                    members.append(g)
+                    break
+            else:
+                spec_groups.append((spec, [g]))
+        self._spec_groups = tuple(
+            (-(-(spec.sliding_window - 1) // self._bs), tuple(self._side[g] for g in members))
+            for spec, members in spec_groups
+        )
+        self._retention = getattr(kv_cache_config, "prefix_cache_retention_interval", 0)
+        self.index = PrefixIndex(self.engine, self._bs, mode)
+        self.sides = PrefixSideGroups(self.index, len(self._windows))
+        self.prefix_eviction = mode.name.lower()
+        self._max_hit = max(self.block_pool.num_gpu_blocks - 1, 0)
+        self._default_ns = self.index.namespace((None, None, None))
+        self._ns: dict[str, int] = {}
+        self._cached: dict[str, int] = {}  # vLLM's num_cached_block (one for every group); _LOST: no more
+        pool = self.block_pool
+        pool.get_cached_block = _no_hash_lookups  # type: ignore[method-assign]
+
+    # ---- free count
+
+    def _sync_free(self) -> None:
+        """vLLM's free count (free + cache-only blocks), after releases and attaches (shared blocks make the
+        change differ from the request's own count)."""
+        stats = self.engine.stats()
+        self.block_pool._num_free = stats.free_blocks + stats.cached_only_blocks
+
+    def _free_skipped(self, state: list[_Held], processed: int) -> bool:
+        freed = super()._free_skipped(state, processed)
+        if freed:
+            self._sync_free()
+        return freed
+
+    # ---- lookup
+
+    def _skipped_blocks(self, g: int, hit: int) -> int:
+        """Blocks of a hit of ``hit`` blocks that group g's window does not need (vLLM's null padding)."""
+        window = self._info[g][0]
+        if window is None:
+            return 0
+        skipped = (hit * self._bs - window + 1) // self._bs
+        return skipped if skipped > 0 else 0
+
+    def _reconcile(self, full_hit: int, sides: list[np.ndarray]) -> tuple[int, int]:
+        """vLLM's fixed point over the spec groups (full attention first): (hit, longest single-group hit),
+        in blocks."""
+        cached = [s >= 0 for s in sides]
+        joint = [
+            (need, np.logical_and.reduce([cached[k] for k in members])) for need, members in self._spec_groups
+        ]
+        hit = full_hit
+        longest = full_hit
+        simple = len(joint) == 1
+        while True:
+            curr = hit
+            for need, row in joint:
+                curr = _window_hit(row, curr, need)
+                if curr > longest:
+                    longest = curr
+            if curr >= hit or simple:
+                return curr, longest
+            hit = curr
+
+    def get_computed_blocks(
+        self, request: Request, max_cache_hit_length: int | None = None, *args: Any, **kwargs: Any
+    ) -> tuple[KVCacheBlocks, int, int]:
+        if request.skip_reading_prefix_cache:
+            return self.empty_kv_cache_blocks, 0, 0
+        bs = self._bs
+        max_tokens = request.num_tokens - 1
+        if max_cache_hit_length is not None and max_cache_hit_length < max_tokens:
+            max_tokens = max_cache_hit_length
+        max_blocks = min(max_tokens // bs, self._max_hit)
+        if max_blocks <= 0:
+            return self.empty_kv_cache_blocks, 0, 0
+        nodes = self.index.lookup_ids(self._namespace(request), request._all_token_ids, max_blocks)
+        if not len(nodes):
+            return self.empty_kv_cache_blocks, 0, 0
+        sides = [self.sides.lookup(k, nodes) for k in range(len(self._windows))]
+        hit, longest = self._reconcile(len(nodes), sides)
+        boundary = longest * bs if longest > hit else 0
+        if not hit:
+            return self.empty_kv_cache_blocks, 0, boundary
+        groups = []
+        for g in range(len(self._managers)):
+            if g == self._full:
+                groups.append((0, nodes[:hit]))
+            else:
+                skipped = self._skipped_blocks(g, hit)
+                groups.append((skipped, sides[self._side[g]][skipped:hit]))
+        return GroupHitBlocks(tuple(groups), self.block_pool), hit * bs, boundary
+
+    def _namespace(self, request: Request) -> int:
+        return request_namespace(self.index, self._default_ns, request)
+
+    # ---- allocation
+
+    def _evictable(self, hits: GroupHitBlocks) -> int:
+        """Hit blocks no request uses (cache-only): vLLM counts those against the free blocks."""
+        ids = np.concatenate([ids for _, ids in hits.groups])
+        req_refs, _ = self.engine.block_state()
+        return int(np.count_nonzero(req_refs[ids] == 0))
+
+    def _num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Any = (),
+        num_encoder_tokens: int = 0,
+        total_computed_tokens: int = 0,
+        *args: Any,
+        apply_admission_cap: bool = False,
+        **kwargs: Any,
+    ) -> int:
+        """The coordinator's count, which the scheduler asks directly (with no hit blocks)."""
+        if new_computed_blocks and any(len(group) for group in new_computed_blocks):
+            raise TagmaUnsupported("prefix-cache hit blocks passed to the coordinator's count")
+        state = self._reqs.get(request_id)
+        return self._to_allocate(state, num_tokens, total_computed_tokens, apply_admission_cap)
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        **kwargs: Any,
+    ) -> KVCacheBlocks | None:
+        if num_encoder_tokens:
+            raise TagmaUnsupported("encoder tokens (cross-attention)")
+        if num_external_computed_tokens:
+            raise TagmaUnsupported("KV connector tokens (external computed tokens)")
+        if num_new_tokens == 0 and not num_new_computed_tokens:
+            raise ValueError(NO_TOKENS_MESSAGE)
+        bs = self._bs
+        rid = request.request_id
+        state = self._reqs.get(rid)
+        hit = num_new_computed_tokens // bs
+        if hit * bs != num_new_computed_tokens:
+            raise ValueError(f"{num_new_computed_tokens} prefix-hit tokens are not whole blocks of {bs}")
+        if hit and state is not None:
+            raise ValueError(f"request {rid} already holds blocks: no new prefix-cache hit can be adopted")
+        if hit and (not isinstance(new_computed_blocks, GroupHitBlocks)
+                    or len(new_computed_blocks.groups[self._full][1]) < hit):  # fmt: skip
+            raise ValueError(f"{hit} hit blocks announced, not given as this manager's hit")
+        max_len = self.max_model_len
+        computed = request.num_computed_tokens + num_new_computed_tokens
+        if computed > max_len:
+            computed = max_len
+        pool = self.block_pool
+        watermark = self.watermark_blocks if has_scheduled_reqs and request.status in WAITING_STATUSES else 0
+        evictable = self._evictable(new_computed_blocks) if hit else 0  # type: ignore[arg-type]
+        if full_sequence_must_fit:
+            full = request.num_tokens if request.num_tokens < max_len else max_len
+            if self._to_allocate(state, full, computed, True, hit) + evictable + watermark > pool._num_free:
+                return None
+        need_tokens = computed + num_new_tokens + num_lookahead_tokens
+        if need_tokens > max_len:
+            need_tokens = max_len
+        if state is not None and self._windows:
+            processed = computed - request.num_in_flight_tokens
+            self._free_skipped(state, processed if processed > 0 else 0)
+        need = self._to_allocate(state, need_tokens, computed, False, hit)
+        if need + evictable + watermark > pool._num_free - reserved_blocks:
+            return None
+        new = state is None
+        if state is None:
+            state = self._reqs[rid] = [_Held() for _ in self._managers]
+            self._ns[rid] = self._namespace(request)
+            self._cached[rid] = 0
+            if hit:
+                self._attach(request, state, new_computed_blocks, hit)  # type: ignore[arg-type]
+        view = self.empty_kv_cache_blocks
+        if need:
+            view = self._append(rid, state, need_tokens, new and not hit)
+        if not delay_cache_blocks:
+            cache_to = computed + num_new_tokens
+            if cache_to > request.num_tokens:
+                cache_to = request.num_tokens
+            self._cache(request, state, cache_to // bs)
+        return view
+
+    def _attach(self, request: Request, state: list[_Held], hits: GroupHitBlocks, hit: int) -> None:
+        """Give a new request its hit in every group (the full group by one index walk, each window its
+        run of side blocks after the blocks it skips) and recount the free blocks."""
+        engine = self.engine
+        for g, (dropped, ids) in enumerate(hits.groups):
+            held = state[g]
+            held.engine_request = engine.create_request()
+            if g == self._full:
+                got = self.index.lookup_attach(self._ns[request.request_id], held.engine_request,
+                                               request._all_token_ids, hit)  # fmt: skip
+                if got != hit:
+                    raise RuntimeError(f"tagma: prefix hit of {hit} blocks changed to {got} before attaching")
+                held.held = hit
+            else:
+                self.sides.attach(held.engine_request, ids)
+                held.dropped = dropped
+                held.held = len(ids)
+        self._cached[request.request_id] = hit
+        self._fresh = None
+        self._sync_free()
+
+    def _cache(self, request: Request, state: list[_Held], full_blocks: int) -> None:
+        """vLLM's ``cache_blocks`` up to ``full_blocks``: the full group's blocks into the index, each
+        window's reachable blocks (vLLM's mask) at the full group's nodes."""
+        rid = request.request_id
+        start = self._cached.get(rid, _LOST)
+        if full_blocks <= start:
+            return
+        bs = self._bs
+        full = state[self._full]
+        if not full.engine_request:
+            return
+        indexed = self.index.insert(self._ns[rid], full.engine_request, request._all_token_ids, start * bs,
+                                    full_blocks * bs)  # fmt: skip
+        boundaries = list(replay_boundaries(request.num_prompt_tokens, bs, use_eagle=False))
+        junction = getattr(request, "shared_prefix_boundary", 0)
+        if junction:
+            boundaries.append(junction)
+        for g in self._windows:
+            held = state[g]
+            if not held.engine_request:
+                continue
+            single = self._managers[g]
+            mask = single.reachable_block_mask(
+                start_block=start,
+                end_block=full_blocks,
+                alignment_tokens=bs,
+                kv_cache_spec=single.kv_cache_spec,
+                use_eagle=False,
+                retention_interval=self._retention,
+                reachable_boundaries=boundaries,
+            )
+            if mask is None or any(mask):
+                self.sides.insert(
+                    full.engine_request, self._side[g], held.engine_request, held.dropped, start, full_blocks,
+                    None if mask is None else np.asarray(mask),
+                )
+        self._cached[rid] = full_blocks if indexed >= full_blocks else _LOST
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        state = self._reqs.get(request.request_id)
+        if state is not None:
+            self._cache(request, state, min(num_computed_tokens, request.num_tokens) // self._bs)
+
+    # ---- free
+
+    def free(self, request: Request) -> None:
+        self._fresh = None
+        rid = request.request_id
+        self._ns.pop(rid, None)
+        self._cached.pop(rid, None)
+        state = self._reqs.pop(rid, None)
+        if state is None:
+            return
+        for held in state:
+            if held.engine_request:
+                self.engine.release(held.engine_request)
+        self._sync_free()
+
+    def pop_blocks_for_free(self, request: Request) -> GroupPrefixRelease:  # type: ignore[override]
+        self._fresh = None
+        rid = request.request_id
+        self._ns.pop(rid, None)
+        self._cached.pop(rid, None)
+        state = self._reqs.pop(rid, None) or []
+        engs = tuple(held.engine_request for held in state if held.engine_request)
+        release = GroupPrefixRelease(engs, sum(held.held for held in state))
+        if not release.num_blocks:
+            release.release(self.block_pool)
+        return release
+
+    # ---- the rest of the contract
+
+    def estimate_cached_tokens(self, request: Request) -> int:
+        cached = self._cached.get(request.request_id, 0)
+        return 0 if cached == _LOST else cached * self._bs
+
+    def reset_prefix_cache(self) -> bool:
+        pool = self.block_pool
+        if pool.num_gpu_blocks - 1 - pool._num_free:  # blocks in use: vLLM's refusal too
+            return False
+        self.index.clear()
+        self._sync_free()
+        if self.log_stats and self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        raise TagmaUnsupported("evict_blocks by block id (KV connectors) with tagma's prefix index")
+
+    def take_events(self) -> list[Any]:
+        return []  # KV events are refused at startup
+
+    def prefix_stats(self) -> dict[str, int]:
+        """The prefix index's counters and its side groups' (``side_*``)."""
+        stats = dataclasses.asdict(self.index.stats())
+        stats.update({f"side_{k}": v for k, v in dataclasses.asdict(self.sides.stats()).items()})
+        return stats

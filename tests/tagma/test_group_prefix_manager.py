@@ -1,0 +1,274 @@
+"""GroupPrefixKVCacheManager (prefix caching on over full-attention and sliding-window groups).
+
+Two checks:
+
+* against vLLM's own KVCacheManager (its HybridKVCacheCoordinator, sha256 block hashes) in lockstep, where
+  nothing is evicted: the same hit lengths and shared-prefix boundaries (the window's right-to-left rule and
+  vLLM's sparse retention of window blocks), the same admissions, the same blocks per group with null blocks
+  where a window skips, the same free count;
+* under eviction and preemption, where vLLM and tagma may keep different cached blocks (vLLM's free queue
+  hands out cached blocks before never-used ones; the engine evicts only when no block is free), against an
+  oracle of what each physical block holds: every hit block of every group holds the KV of exactly the tokens
+  and group it is attached for, and nothing leaks after the drain.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import pytest
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.kv_cache_interface import KVCacheSpec
+from vllm.v1.request import Request, RequestStatus
+
+from tagma.core.group_prefix_manager import GroupHitBlocks, GroupPrefixKVCacheManager
+from tagma.core.registry import build_kv_cache_manager
+from tests.tagma.test_group_range_manager import GroupTwin, full, window
+from tests.tagma.twin import BLOCK, make_config, make_request, manager_kwargs, tagma_request
+
+LAYOUTS: dict[str, list[KVCacheSpec]] = {
+    "gpt-oss": [window(8), full()],
+    "gemma3": [window(9), window(9), window(9), full()],
+    "two-windows": [window(8), full(), window(17)],  # two window specs: vLLM's fixed point iterates
+}
+
+
+def _prompts(rng: random.Random, count: int) -> list[list[int]]:
+    """Prompts over a few shared prefixes (0-12 blocks), with suffixes, exact resends and extensions."""
+    prefixes = [[rng.randrange(50_000) for _ in range(rng.randint(0, 12 * BLOCK))] for _ in range(3)]
+    prompts: list[list[int]] = []
+    for _ in range(count):
+        kind = rng.random()
+        if prompts and kind < 0.2:
+            prompts.append(list(rng.choice(prompts)))  # an exact resend
+        elif prompts and kind < 0.35:
+            base = rng.choice(prompts)
+            prompts.append(base + [rng.randrange(50_000) for _ in range(rng.randint(1, 3 * BLOCK))])
+        else:
+            suffix = [rng.randrange(50_000) for _ in range(rng.randint(1, 6 * BLOCK))]
+            prompts.append(rng.choice(prefixes) + suffix)
+    return prompts
+
+
+class PrefixGroupTwin(GroupTwin):
+    """vLLM's manager and tagma's, caching on, driven by the same scheduler-like calls (frees as the
+    caching-off twin's)."""
+
+    def __init__(
+        self, specs: list[KVCacheSpec], num_blocks: int, retention: int | None = 0, **overrides: Any
+    ) -> None:
+        """``retention``: vLLM's prefix_cache_retention_interval (the server's default 0: a window caches only
+        the tails before replay boundaries and shared-prefix junctions; None: every full block)."""
+        config = make_config(num_blocks, specs=specs)
+        config.prefix_cache_retention_interval = retention
+        lcm = math.lcm(*(spec.block_size for spec in specs))
+        kwargs = manager_kwargs(enable_caching=True, scheduler_block_size=lcm, **overrides)
+        self.paged = KVCacheManager(config, **kwargs)
+        self.tagma = build_kv_cache_manager(config, **kwargs)
+        assert type(self.tagma) is GroupPrefixKVCacheManager
+        self.requests: dict[str, tuple[Request, Request]] = {}
+        self.hits: list[int] = []
+        self.boundaries: list[int] = []
+
+    def add(self, rid: str, tokens: list[int]) -> None:
+        self.requests[rid] = (make_request(rid, tokens), tagma_request(rid, tokens))
+
+    def schedule(  # type: ignore[override]
+        self, rid: str, budget: int, waiting: bool, in_flight: int = 0
+    ) -> bool:
+        outcomes: list[Any] = []
+        for manager, req in self.pairs(rid):
+            hit_blocks, hit, boundary = None, 0, 0
+            if waiting:
+                hit_blocks, hit, boundary = manager.get_computed_blocks(req)
+                req.shared_prefix_boundary = boundary
+            else:
+                req.num_in_flight_tokens = min(in_flight, req.num_computed_tokens)
+            num_new = min(req.num_tokens - req.num_computed_tokens - hit, budget)
+            new = manager.allocate_slots(
+                req, num_new, hit, hit_blocks if hit else None, full_sequence_must_fit=waiting
+            )
+            if new is None:
+                outcomes.append((hit, boundary, None))
+                continue
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens += hit + num_new
+            outcomes.append((hit, boundary, tuple(len(ids) for ids in new.get_block_ids())))
+        assert outcomes[0] == outcomes[1], f"{rid}: paged {outcomes[0]} != tagma {outcomes[1]}"
+        if waiting:
+            self.hits.append(outcomes[0][0])
+            self.boundaries.append(outcomes[0][1])
+        self.check()
+        return outcomes[0][2] is not None
+
+    def decode(self, rid: str, token: int, in_flight: int = 0) -> bool:
+        for _, req in self.pairs(rid):
+            req.append_output_token_ids(token)
+        return self.schedule(rid, 1, False, in_flight)
+
+    def check(self) -> None:
+        p, t = self.paged, self.tagma
+        assert p.block_pool.get_num_free_blocks() == t.block_pool.get_num_free_blocks()
+        assert p.usage == t.usage
+        live: set[int] = set()
+        for rid in self.requests:
+            paged_groups = [m.req_to_blocks.get(rid, []) for m in p.coordinator.single_type_managers]
+            tagma_ids = t.get_block_ids(rid)
+            for g, blocks in enumerate(paged_groups):
+                ids = tagma_ids[g]
+                assert len(ids) == len(blocks), f"{rid} group {g}: logical blocks differ"
+                assert [i == 0 for i in ids] == [b.is_null for b in blocks], f"{rid} group {g}: null blocks"
+                live.update(i for i in ids if i)
+        stats = t.engine.stats()
+        assert stats.used_blocks == len(live)
+        assert stats.free_blocks + stats.cached_only_blocks == t.block_pool.get_num_free_blocks()
+        assert all(b.ref_cnt == 0 for b in t.block_pool.blocks), "the group manager touched a KVCacheBlock"
+
+
+def run_lockstep(twin: PrefixGroupTwin, seed: int, num_requests: int, chunk: int) -> None:
+    rng = random.Random(seed)
+    for i, tokens in enumerate(_prompts(rng, num_requests)):
+        twin.add(f"r{i}", tokens)
+    waiting = list(twin.requests)
+    out_len = {rid: rng.randint(1, 6 * BLOCK) for rid in waiting}
+    running: list[str] = []
+    steps = 0
+    while waiting or running:
+        steps += 1
+        assert steps < 20_000, "the workload does not finish"
+        for rid in list(running):
+            req = twin.requests[rid][1]
+            if req.num_computed_tokens < req.num_tokens:
+                assert twin.schedule(rid, rng.choice((chunk, 1 << 20)), False, rng.choice((0, 0, 1)))
+            else:
+                assert twin.decode(rid, rng.randrange(50_000), rng.choice((0, 0, 1)))
+            if req.num_output_tokens >= out_len[rid]:
+                running.remove(rid)
+                twin.free(rid, deferred=rng.random() < 0.5)
+        while waiting and len(running) < 3:
+            rid = waiting[0]
+            if not twin.schedule(rid, rng.choice((chunk, 1 << 20)), True):
+                break
+            running.append(waiting.pop(0))
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize(("seed", "chunk"), [(0, 1 << 20), (1, 7), (2, 3)])
+def test_hits_admissions_and_blocks_match_vllm_without_eviction(layout: str, seed: int, chunk: int) -> None:
+    """A pool no workload fills (nothing evicted): every decision equals vLLM's, step by step."""
+    twin = PrefixGroupTwin(LAYOUTS[layout], num_blocks=4000)
+    run_lockstep(twin, seed, num_requests=40, chunk=chunk)
+    assert sum(twin.hits) > 0, "the workload is meant to hit"
+    lagging = [b > h for b, h in zip(twin.boundaries, twin.hits, strict=True)]
+    assert any(lagging), "a window is meant to lag the full group"
+    stats = twin.tagma.engine.stats()
+    assert stats.used_blocks == 0 and not twin.tagma._reqs
+
+
+@pytest.mark.parametrize("retention", [None, 8 * BLOCK])
+def test_dense_and_periodic_retention_match_vllm(retention: int | None) -> None:
+    """prefix_cache_retention_interval None (every full window block cached) and a period of 8 blocks (a
+    tail per segment): vLLM's mask decides on both arms."""
+    twin = PrefixGroupTwin(LAYOUTS["gpt-oss"], num_blocks=4000, retention=retention)
+    run_lockstep(twin, 5, num_requests=30, chunk=5)
+    assert sum(twin.hits) > 0
+
+
+# ---------------------------------------------------------------- eviction and preemption: the oracle
+
+
+class Oracle:
+    """What each physical block holds: (group, the tokens from position 0 to the block's end)."""
+
+    def __init__(self, manager: GroupPrefixKVCacheManager) -> None:
+        self.manager = manager
+        self.content: dict[int, tuple[int, tuple[int, ...]]] = {}
+
+    def written(self, req: Request, upto: int) -> None:
+        """The request computed its tokens up to ``upto``: its full blocks hold them."""
+        bs = BLOCK
+        for g, ids in enumerate(self.manager.get_block_ids(req.request_id)):
+            for i, block in enumerate(ids[: upto // bs]):
+                if block:
+                    self.content[block] = (g, tuple(req.all_token_ids[: (i + 1) * bs]))
+
+    def check_hit(self, req: Request, hit_blocks: GroupHitBlocks, hit: int) -> None:
+        for g, (dropped, ids) in enumerate(hit_blocks.groups):
+            for i, block in enumerate(ids.tolist(), start=dropped):
+                assert i < hit // BLOCK
+                want = (g, tuple(req.all_token_ids[: (i + 1) * BLOCK]))
+                assert self.content.get(block) == want, f"group {g} block {block} at {i} holds other KV"
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_hits_under_eviction_and_preemption_hold_the_right_kv(layout: str, seed: int) -> None:
+    specs = LAYOUTS[layout]
+    config = make_config(18 * len(specs) + 8, specs=specs)
+    config.prefix_cache_retention_interval = 0
+    manager = build_kv_cache_manager(config, **manager_kwargs(enable_caching=True))
+    assert isinstance(manager, GroupPrefixKVCacheManager)
+    oracle = Oracle(manager)
+    rng = random.Random(seed)
+    reqs = {f"r{i}": tagma_request(f"r{i}", t) for i, t in enumerate(_prompts(rng, 60))}
+    out_len = {rid: rng.randint(1, 8 * BLOCK) for rid in reqs}
+    waiting = list(reqs)
+    running: list[str] = []
+    hits = preemptions = steps = 0
+
+    def step(req: Request, waiting_req: bool) -> bool:
+        nonlocal hits
+        hit_blocks, hit = None, 0
+        if waiting_req:
+            hit_blocks, hit, boundary = manager.get_computed_blocks(req)
+            req.shared_prefix_boundary = boundary
+            if hit:
+                oracle.check_hit(req, hit_blocks, hit)
+        num_new = min(req.num_tokens - req.num_computed_tokens - hit, rng.choice((5, 1 << 20)))
+        if manager.allocate_slots(req, num_new, hit, hit_blocks, full_sequence_must_fit=waiting_req) is None:
+            return False
+        hits += hit
+        req.status = RequestStatus.RUNNING
+        req.num_computed_tokens += hit + num_new
+        oracle.written(req, req.num_computed_tokens)
+        return True
+
+    while waiting or running:
+        steps += 1
+        assert steps < 20_000
+        for rid in list(running):
+            if rid not in running:
+                continue
+            req = reqs[rid]
+            while True:
+                if req.num_computed_tokens == req.num_tokens:
+                    req.append_output_token_ids(rng.randrange(50_000))
+                if step(req, False):
+                    break
+                victim = running.pop()
+                manager.free(reqs[victim])
+                reqs[victim].status = RequestStatus.PREEMPTED
+                reqs[victim].num_computed_tokens = 0
+                waiting.insert(0, victim)
+                preemptions += 1
+                if victim == rid:
+                    break
+            if rid in running and req.num_output_tokens >= out_len[rid]:
+                running.remove(rid)
+                if rng.random() < 0.5:
+                    manager.free(req)
+                else:
+                    manager.block_pool.free_blocks(reversed(manager.pop_blocks_for_free(req)))
+        while waiting and len(running) < 4:
+            if not step(reqs[waiting[0]], True):
+                break
+            running.append(waiting.pop(0))
+    assert hits > 0 and preemptions > 0
+    assert manager.prefix_stats()["evicted_blocks"] > 0, "the pool is meant to evict cached blocks"
+    stats = manager.engine.stats()
+    assert stats.used_blocks == 0 and stats.live_requests == 0
+    assert manager.block_pool.get_num_free_blocks() == manager.block_pool.num_gpu_blocks - 1
+    assert manager.reset_prefix_cache()
+    assert manager.engine.stats().free_blocks == manager.block_pool.num_gpu_blocks - 1
