@@ -1,5 +1,5 @@
 """Section groups: hybrid KV cache layouts (sliding window + full attention), vLLM's coordinator against
-tagma's group manager, prefix caching off (what tagma serves them with).
+tagma's group managers, prefix caching off and (``caching`` in the config) on.
 
 Layouts: ``gpt-oss`` (one window-128 group, one full group) and ``gemma3`` (five window-1,024 groups, one
 full group), at each configured block size. vLLM's side is its own ``KVCacheManager`` (the
@@ -19,6 +19,14 @@ Both get the same real vLLM ``Request`` objects and the same calls; their outcom
   ``append``), counted in an untimed pass.
 * ``resident_bytes``: Python heap bytes per resident request (tracemalloc), after the admission and the
   window groups' release of what lies before the window (vLLM keeps a null entry per dropped block).
+
+With prefix caching on (entries marked ``"caching": true``) vLLM's side is its ``HybridKVCacheCoordinator``
+(sha256 block hashes, made when the request is built: not timed) and tagma's the
+:class:`~tagma.core.group_prefix_manager.GroupPrefixKVCacheManager`. ``admission_free`` then admits the same
+prompt again and again: every admission after the first hits the cache (the full group's prefix, each window's
+tail before the prompt's replay boundary), attaches the hit and allocates the last block; the hit lengths
+must be equal. ``decode_step`` also caches each block as it fills (and the window's, where vLLM's sparse
+retention keeps it); vLLM hashes a block when its last token is appended, outside the timed step.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from benchmarks.host.manager_ops import (
     traced_admissions,
 )
 from benchmarks.host.timing import calibrate, interleaved, pair_entry, timed_ns
+from tagma.core.group_prefix_manager import GroupPrefixKVCacheManager
 from tagma.core.group_range_manager import GroupRangeKVCacheManager
 from tagma.core.registry import build_kv_cache_manager
 
@@ -68,18 +77,26 @@ def kv_cache_config(layout: str, num_blocks: int, block_size: int) -> KVCacheCon
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
 
 
-def build_managers(layout: str, num_blocks: int, block_size: int, max_model_len: int) -> dict[str, Any]:
+def build_managers(
+    layout: str, num_blocks: int, block_size: int, max_model_len: int, caching: bool = False
+) -> dict[str, Any]:
     config = kv_cache_config(layout, num_blocks, block_size)
+    config.prefix_cache_retention_interval = 0  # the server's default (sparse window retention)
     kwargs = {
         "max_model_len": max_model_len,
         "scheduler_block_size": block_size,
         "hash_block_size": block_size,
-        "enable_caching": False,
+        "enable_caching": caching,
         "log_stats": True,
     }
     managers = {"paged": KVCacheManager(config, **kwargs), "tagma": build_kv_cache_manager(config, **kwargs)}
-    assert type(managers["tagma"]) is GroupRangeKVCacheManager
+    assert type(managers["tagma"]) is (GroupPrefixKVCacheManager if caching else GroupRangeKVCacheManager)
     return managers
+
+
+def _request(side: str, rid: str, tokens: list[int], block_size: int, caching: bool) -> Request:
+    """vLLM's request carries its block hasher with caching on; tagma's never (its engine core's)."""
+    return make_request(rid, tokens, block_size, caching and side == "paged")
 
 
 def _windows(layout: str) -> list[int]:
@@ -101,14 +118,19 @@ def _window_pool_blocks(layout: str, block_size: int) -> int:
 
 
 def admission_free(
-    cfg: dict[str, Any], layout: str, block_size: int, context: int, outcomes: dict[str, list[Any]]
+    cfg: dict[str, Any],
+    layout: str,
+    block_size: int,
+    context: int,
+    outcomes: dict[str, list[Any]],
+    caching: bool = False,
 ) -> dict[str, Any]:
     timing = cfg["timing"]
     n = -(-context // block_size)
     groups = len(LAYOUTS[layout])
-    managers = build_managers(layout, groups * n + 64, block_size, context + block_size)
+    managers = build_managers(layout, 2 * groups * n + 64, block_size, context + block_size, caching)
     tokens = {side: Tokens(cfg["seed"] + context) for side in SIDES}
-    fixed = {side: make_request("fixed", tokens[side](context), block_size, False) for side in SIDES}
+    fixed = {side: _request(side, "fixed", tokens[side](context), block_size, caching) for side in SIDES}
 
     def batch_ns(side: str, batch: int) -> int:
         manager, req, log = managers[side], fixed[side], outcomes[side]
@@ -140,6 +162,8 @@ def admission_free(
         groups=groups,
         blocks_per_group=n,
         batch=batch,
+        caching=caching,
+        hit_tokens={side: outcomes[side][-1][0] for side in SIDES},
     )
 
 
@@ -153,6 +177,7 @@ def decode_step(
     requests: int,
     context: int,
     outcomes: dict[str, list[Any]],
+    caching: bool = False,
 ) -> dict[str, Any]:
     dcfg = cfg["groups"]["decode"]
     repeats, warmup_steps = int(dcfg["repeats"]), int(dcfg["warmup_steps"])
@@ -167,13 +192,13 @@ def decode_step(
     pool = requests * (full_groups * (n + growth) + _window_pool_blocks(layout, block_size) + 2) + groups * (
         n + 1
     )
-    managers = build_managers(layout, pool + 64, block_size, context + steps + block_size)
+    managers = build_managers(layout, pool + 64, block_size, context + steps + block_size, caching)
     tokens = Tokens(cfg["seed"] + 7 * context + requests)
     prompts = [tokens(context - i % block_size) for i in range(requests)]
     running: dict[str, list[Request]] = {}
     for side in SIDES:
         manager = managers[side]
-        reqs = [make_request(f"d{i}", prompts[i], block_size, False) for i in range(requests)]
+        reqs = [_request(side, f"d{i}", prompts[i], block_size, caching) for i in range(requests)]
         for req in reqs:
             if admit(manager, req)[1] is None:
                 raise AssertionError(f"groups decode_step: {side} could not admit {req.request_id}")
@@ -218,6 +243,7 @@ def decode_step(
         requests=requests,
         steps=steps,
         pool_blocks=pool + 64,
+        caching=caching,
     )
     entry["window_blocks_held"] = {
         side: max(_window_blocks_held(managers[side], side, r.request_id, windows) for r in running[side])
@@ -334,12 +360,13 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         for block_size in gcfg["block_sizes"]:
             bs = int(block_size)
             for context in gcfg["contexts"]:
-                admissions.append(admission_free(cfg, layout, bs, int(context), outcomes))
-                gc.collect()
-                decode.append(
-                    decode_step(cfg, layout, bs, int(gcfg["decode"]["requests"]), int(context), outcomes)
-                )
-                gc.collect()
+                for caching in gcfg.get("caching", [False]):
+                    on = bool(caching)
+                    admissions.append(admission_free(cfg, layout, bs, int(context), outcomes, on))
+                    gc.collect()
+                    requests = int(gcfg["decode"]["requests"])
+                    decode.append(decode_step(cfg, layout, bs, requests, int(context), outcomes, on))
+                    gc.collect()
                 resident.append(resident_bytes(cfg, layout, bs, int(context), outcomes))
                 gc.collect()
     return {

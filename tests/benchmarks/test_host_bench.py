@@ -143,8 +143,15 @@ def test_sections_cover_the_configured_sizes(smoke: tuple[dict[str, Any], Path])
     groups = sections["groups"]
     gcfg = cfg["groups"]
     combos = {(layout, bs) for layout in gcfg["layouts"] for bs in gcfg["block_sizes"]}
-    for key in ("admission_free", "decode_step", "resident_bytes"):
-        assert {(e["layout"], e["block_size"]) for e in groups[key]} == combos, key
+    assert {(e["layout"], e["block_size"]) for e in groups["resident_bytes"]} == combos
+    assert gcfg["caching"] == [False, True]
+    for key in ("admission_free", "decode_step"):
+        got = {(e["layout"], e["block_size"], e["caching"]) for e in groups[key]}
+        assert got == {(*c, caching) for c in combos for caching in (False, True)}, key
+    for e in groups["admission_free"]:  # caching on: the same prompt again hits, equally on both sides
+        hits = e["hit_tokens"]
+        assert hits["paged"] == hits["tagma"] and (hits["tagma"] > 0) == e["caching"]
+    assert groups["outcomes_identical"] is True
     for e in groups["decode_step"]:
         held = e["window_blocks_held"]
         assert 0 < held["tagma"] == held["paged"] <= e["window_blocks_held_by_vllm_bound"]
@@ -152,7 +159,8 @@ def test_sections_cover_the_configured_sizes(smoke: tuple[dict[str, Any], Path])
         assert churn["tagma"]["blocks_freed"] == churn["paged"]["blocks_freed"]
         assert churn["tagma"]["blocks_allocated"] == churn["paged"]["blocks_allocated"] > 0
     group_rows = [r for r in result["headline"] if r["metric"].startswith(("hybrid", "window-group"))]
-    assert len(group_rows) == 4 * len(combos) and all(r["met"] is not None for r in group_rows)
+    # admission, decode and window blocks with caching off and on, resident bytes once
+    assert len(group_rows) == 7 * len(combos) and all(r["met"] is not None for r in group_rows)
 
 
 def test_vllm_with_xxhash_is_a_third_side_where_hashing_is_timed(smoke: tuple[dict[str, Any], Path]) -> None:

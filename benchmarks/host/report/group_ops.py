@@ -13,7 +13,8 @@ __all__ = ["headline_rows", "plot"]
 
 
 def _label(e: dict[str, Any]) -> str:
-    return f"{e['layout']}, block {e['block_size']}"
+    caching = ", caching on" if e.get("caching") else ""
+    return f"{e['layout']}, block {e['block_size']}{caching}"
 
 
 def headline_rows(section: dict[str, Any], contexts: list[int]) -> list[dict[str, Any]]:
@@ -88,5 +89,5 @@ def plot(section: dict[str, Any], path: Path) -> Path | None:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(bars)), [k for k, _ in bars], fontsize=7)
     ax.set_ylabel("paged / tagma (higher: tagma cheaper)")
-    ax.set_title("hybrid KV cache layouts, prefix caching off")
+    ax.set_title("hybrid KV cache layouts, prefix caching off and on")
     return save_figure(fig, path)
