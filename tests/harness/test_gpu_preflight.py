@@ -71,7 +71,7 @@ def test_a_checkpoint_tagma_refuses_fails_before_any_gpu(
     )
     assert gpu_preflight.main([str(windowed)]) == 1
     err = capsys.readouterr().err
-    assert "tagma refuses this checkpoint: sliding-window attention" in err
+    assert "tagma refuses this checkpoint: prefix caching with sliding-window attention on every layer" in err
 
 
 def test_no_checkpoint_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
