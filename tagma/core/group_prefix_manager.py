@@ -113,6 +113,8 @@ def _window_hit(cached: np.ndarray, limit: int, need: int) -> int:
     """vLLM's ``SlidingWindowManager.find_longest_cache_hit`` on a row of cached flags (block alignment):
     the end of the last run of ``need`` cached blocks within ``limit``, else the cached run from block 0."""
     c = cached[:limit]
+    if 0 < need <= limit and c[limit - need :].all():  # the common case: the run ends at the limit
+        return limit
     if need <= 0:  # a window of one token: the last cached block (vLLM's loop with a zero-length run)
         found = np.flatnonzero(c)
         return int(found[-1]) + 1 if found.size else 0
@@ -356,11 +358,17 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
             computed = max_len
         pool = self.block_pool
         watermark = self.watermark_blocks if has_scheduled_reqs and request.status in WAITING_STATUSES else 0
-        evictable = self._evictable(new_computed_blocks) if hit else 0  # type: ignore[arg-type]
+        # vLLM counts the cache-only hit blocks against the free blocks; counted only where the check could
+        # fail on them (every hit block counted is the most they can be)
+        hit_ids = sum(len(ids) for _, ids in new_computed_blocks.groups) if hit else 0  # type: ignore[union-attr]
+        evictable = -1
         if full_sequence_must_fit:
             full = request.num_tokens if request.num_tokens < max_len else max_len
-            if self._to_allocate(state, full, computed, True, hit) + evictable + watermark > pool._num_free:
-                return None
+            full_need = self._to_allocate(state, full, computed, True, hit) + watermark
+            if full_need + hit_ids > pool._num_free:
+                evictable = self._evictable(new_computed_blocks) if hit else 0  # type: ignore[arg-type]
+                if full_need + evictable > pool._num_free:
+                    return None
         need_tokens = computed + num_new_tokens + num_lookahead_tokens
         if need_tokens > max_len:
             need_tokens = max_len
@@ -368,8 +376,11 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
             processed = computed - request.num_in_flight_tokens
             self._free_skipped(state, processed if processed > 0 else 0)
         need = self._to_allocate(state, need_tokens, computed, False, hit)
-        if need + evictable + watermark > pool._num_free - reserved_blocks:
-            return None
+        if need + hit_ids + watermark > pool._num_free - reserved_blocks:
+            if evictable < 0:
+                evictable = self._evictable(new_computed_blocks) if hit else 0  # type: ignore[arg-type]
+            if need + evictable + watermark > pool._num_free - reserved_blocks:
+                return None
         new = state is None
         if state is None:
             state = self._reqs[rid] = [_Held() for _ in self._managers]
