@@ -140,21 +140,23 @@ def test_the_xxhash_profile_gives_the_baseline_vllms_fastest_hash() -> None:
     assert spec.aa_groups == (group.name,)
 
 
-def test_the_hybrid_profile_serves_the_tiny_gpt_oss_with_caching_off_on_both_arms() -> None:
+@pytest.mark.parametrize(("profile", "caching"), [("hybrid", False), ("hybrid_cached", True)])
+def test_the_hybrid_profiles_serve_the_tiny_gpt_oss_caching_off_and_on(profile: str, caching: bool) -> None:
     """The hybrid cells run the gpt-oss-shaped model (two KV cache groups: window 128 + full) on both arms,
-    caching off (tagma refuses caching on for several groups), and its A/A runs too; every cell's requests
-    run past the window."""
+    caching off (profile hybrid) or on (hybrid_cached: the group prefix manager), and their A/A runs too;
+    every cell's requests run past the window. The model's own args leave caching to the profile."""
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
-        cfg = compose(config_name="regime_map", overrides=["regime=hybrid"])
+        cfg = compose(config_name="regime_map", overrides=[f"regime={profile}"])
     from omegaconf import OmegaConf
 
     from harness.serve.tiny_families import FAMILIES
 
     assert cfg.model.family == "gpt-oss" and cfg.model.dtype == "bfloat16"
-    assert "--no-enable-prefix-caching" in cfg.model.server_args
+    assert not any("prefix-caching" in a for a in cfg.model.server_args)
     spec = map_spec(OmegaConf.to_container(cfg.regime, resolve=True))
     (group,) = spec.groups
-    assert not group.prefix_caching and "--no-enable-prefix-caching" in group.server_args()
+    flag = "--enable-prefix-caching" if caching else "--no-enable-prefix-caching"
+    assert group.prefix_caching == caching and flag in group.server_args()
     assert spec.aa_groups == (group.name,)
     window = FAMILIES["gpt-oss"].shape["sliding_window"]
     assert all(c.prompt_tokens > window for c in group.cells)
