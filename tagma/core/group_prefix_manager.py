@@ -51,6 +51,13 @@ __all__ = ["GroupHitBlocks", "GroupPrefixKVCacheManager", "GroupPrefixRelease"]
 _LOST = 1 << 62  # the full group's walk was lost (its node evicted): nothing more is cached for the request
 
 
+def _sync_free(pool: Any) -> None:
+    """vLLM's free count (free + cache-only blocks) from the engine, after releases and attaches (blocks
+    shared with other requests' hits make the change differ from the request's own count)."""
+    stats = pool.engine.stats()
+    pool._num_free = stats.free_blocks + stats.cached_only_blocks
+
+
 class GroupPrefixRelease(GroupRangeRelease):
     """A request's engine requests, released later; the free count is then read from the engine (blocks
     shared with other requests' hits stay in use)."""
@@ -62,8 +69,7 @@ class GroupPrefixRelease(GroupRangeRelease):
         for eng in engine_requests:
             pool.engine.release(eng)
         if engine_requests:
-            stats = pool.engine.stats()
-            pool._num_free = stats.free_blocks + stats.cached_only_blocks
+            _sync_free(pool)
 
 
 class GroupHitBlocks(KVCacheBlocks):
@@ -222,10 +228,7 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
     # ---- free count
 
     def _sync_free(self) -> None:
-        """vLLM's free count (free + cache-only blocks), after releases and attaches (shared blocks make the
-        change differ from the request's own count)."""
-        stats = self.engine.stats()
-        self.block_pool._num_free = stats.free_blocks + stats.cached_only_blocks
+        _sync_free(self.block_pool)
 
     def _free_skipped(self, state: list[_Held], processed: int) -> bool:
         freed = super()._free_skipped(state, processed)

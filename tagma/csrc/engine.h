@@ -113,8 +113,6 @@ class Engine {
   // Drops cached block `block`'s cache reference; frees it (into `freed`) when no request uses it. Returns
   // the blocks freed (0 or 1).
   int64_t uncache(int32_t block, FreeRunBuilder& freed);
-  // Gives request `id` (which holds no block) the cached `blocks` in logical order, as ranges.
-  void attach_cached(uint64_t id, Request& request, const int32_t* blocks, int64_t count);
   // prefix_allocate.cpp: allocation while the index is enabled (it evicts as the index's mode says).
   void prefix_allocate(uint64_t id, Request& request, int64_t count, int32_t* new_blocks_out);
   int64_t evict_lru_until_free(int64_t count);
@@ -177,6 +175,9 @@ class Engine {
 
   // refs.cpp
   void check_attachable(const Request& request, const int32_t* block_ids, int64_t count) const;
+  // Appends blocks in use or cache-only to request `id` in logical order (tagma_request_attach, a prefix
+  // hit, a side attach): request references taken, cache-only blocks leave the LRU, runs become ranges.
+  void attach_blocks(uint64_t id, Request& request, const int32_t* block_ids, int64_t count);
   void drop_request_ref(int32_t block, FreeRunBuilder& freed, FreeRunBuilder* unused);
   // Blocks that stop being unused (no request reference before): out of unused_ (with the index).
   void take_unused(int32_t start, int32_t count) {

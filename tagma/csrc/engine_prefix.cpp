@@ -119,7 +119,7 @@ int64_t Engine::prefix_lookup_attach(uint64_t ns, uint64_t id, const int32_t* to
   PrefixIndex::Cursor& cursor = index.cursors[id];
   const int64_t hit = prefix_walk(ns, tokens, num_tokens, max_blocks, attach_scratch_.data());
 
-  attach_cached(id, request, attach_scratch_.data(), hit);
+  attach_blocks(id, request, attach_scratch_.data(), hit);
 
   cursor.ns = ns;
   cursor.indexed = static_cast<int32_t>(hit);
@@ -236,28 +236,6 @@ tagma_prefix_stats Engine::prefix_stats() const {
   s.window_evictions = index.counters.window_evictions;
   s.clears = index.counters.clears;
   return s;
-}
-
-void Engine::attach_cached(uint64_t id, Request& request, const int32_t* blocks, int64_t count) {
-  const int64_t ranges_before = request.num_ranges();
-  const int32_t end_before = request.ranges().empty() ? -1 : request.ranges().back().end();
-  take_unused_blocks(blocks, count);
-  for (int64_t i = 0; i < count; ++i) {
-    const auto b = static_cast<size_t>(blocks[i]);
-    if (req_refs_[b] == 0) {  // cache-only: in use from now on
-      lru_.remove(blocks[i]);
-      ++used_blocks_;
-    }
-    ++req_refs_[b];  // a block's request references are bounded by the live requests holding it
-  }
-  for (int64_t run_start = 0; run_start < count;) {
-    int64_t run_end = run_start + 1;
-    while (run_end < count && blocks[run_end] == blocks[run_end - 1] + 1) ++run_end;
-    if (request.append_range(blocks[run_start], static_cast<int32_t>(run_end - run_start))) ++counters_.merges;
-    run_start = run_end;
-  }
-  range_counts_.change(ranges_before, request.num_ranges());
-  update_frontier(id, request, end_before);
 }
 
 void Engine::prefix_forget(uint64_t id) { prefix_->cursors.erase(id); }

@@ -80,7 +80,7 @@ void Engine::prefix_side_attach(uint64_t id, const int32_t* blocks, int64_t coun
     }
   }
   check_attachable(request, blocks, count);  // no block listed twice
-  attach_cached(id, request, blocks, count);
+  attach_blocks(id, request, blocks, count);
 }
 
 tagma_prefix_side_stats Engine::prefix_side_stats() const {

@@ -22,6 +22,11 @@ void Engine::attach(uint64_t id, const int32_t* block_ids, int64_t count) {
   require_non_null(block_ids, "block_ids");
   check_attachable(request, block_ids, count);
 
+  attach_blocks(id, request, block_ids, count);
+}
+
+// Request references taken (cache-only blocks leave the LRU), each run of consecutive ids one range.
+void Engine::attach_blocks(uint64_t id, Request& request, const int32_t* block_ids, int64_t count) {
   const int64_t ranges_before = request.num_ranges();
   const int32_t end_before = request.ranges().empty() ? -1 : request.ranges().back().end();
   take_unused_blocks(block_ids, count);
@@ -33,7 +38,6 @@ void Engine::attach(uint64_t id, const int32_t* block_ids, int64_t count) {
     }
     ++req_refs_[block];
   }
-  // Each run of consecutive ids becomes one range.
   for (int64_t run_start = 0; run_start < count;) {
     int64_t run_end = run_start + 1;
     while (run_end < count && block_ids[run_end] == block_ids[run_end - 1] + 1) ++run_end;
