@@ -7,7 +7,9 @@ fragmentation (per placement policy), prefix_index (the engine's token-keyed ind
 and get_computed_blocks), profile (cProfile of the manager operations), inserver (KV cache manager CPU per
 step read from the newest ``make bench-inserver`` serve run), trace_replay (a request trace with prefix
 sharing through both managers; ``trace=PATH`` picks a JSONL trace, default the shipped Mooncake conversation
-trace), groups (hybrid window + full layouts: vLLM's coordinator vs tagma's group manager). Sizes and
+trace), groups (hybrid window + full layouts: vLLM's coordinator vs tagma's group manager), scheduler (vLLM's
+Scheduler driven in-process on both arms: the KV manager, the rest of schedule() and of update_from_output()
+per step). Sizes and
 repeats come from ``configs/host_bench.yaml`` and its ``size`` group
 (``size=smoke`` for a tiny run).
 
@@ -36,7 +38,7 @@ log = logging.getLogger("benchmarks.host")
 
 SECTIONS = (
     "engine_ops", "manager", "prefix_ops", "write_path", "block_table_traffic", "fragmentation",
-    "prefix_index", "profile", "inserver", "trace_replay", "groups",
+    "prefix_index", "profile", "inserver", "trace_replay", "groups", "scheduler",
 )  # fmt: skip
 
 
@@ -81,6 +83,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         prefix_ops,
         profiles,
         report,
+        scheduler_steps,
         trace_family_replay,
         write_path,
     )
@@ -140,6 +143,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "inserver": lambda: inserver.run(cfg),  # read from a serve run (make bench-inserver), not timed
         "trace_replay": lambda: trace_family_replay.section(cfg),
         "groups": lambda: group_ops.run(cfg),
+        "scheduler": lambda: scheduler_steps.run(cfg),
     }
     for name in wanted:
         log.info("section %s ...", name)
@@ -154,6 +158,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     result["checks"] = {
         "manager_outcomes_identical": result["sections"].get("manager", {}).get("outcomes_identical"),
         "group_outcomes_identical": result["sections"].get("groups", {}).get("outcomes_identical"),
+        "scheduler_same_steps": result["sections"].get("scheduler", {}).get("same_steps"),
         "prefix_ops_outcomes_identical": result["sections"].get("prefix_ops", {}).get("outcomes_identical"),
         "write_path_slot_mappings_identical": result["sections"].get("write_path", {}).get("all_identical"),
         "block_table_slot_mappings_identical": result["sections"]

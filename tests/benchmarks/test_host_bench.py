@@ -99,6 +99,7 @@ def test_paired_paths_computed_the_same(smoke: tuple[dict[str, Any], Path]) -> N
     assert result["checks"] == {
         "manager_outcomes_identical": True,
         "group_outcomes_identical": True,
+        "scheduler_same_steps": True,
         "prefix_ops_outcomes_identical": True,
         "write_path_slot_mappings_identical": True,
         "block_table_slot_mappings_identical": True,

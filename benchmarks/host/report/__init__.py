@@ -20,6 +20,7 @@ from benchmarks.host.report import (
     manager_ops,
     prefix_index,
     prefix_ops,
+    scheduler_steps,
     trace_replay,
     write_path,
 )
@@ -42,6 +43,7 @@ SECTIONS: dict[str, tuple[Any, str | None]] = {
     "prefix_index": (prefix_index, "prefix_index.png"),
     "trace_replay": (trace_replay, "trace_replay.png"),
     "groups": (group_ops, "groups.png"),
+    "scheduler": (scheduler_steps, None),  # rows only
 }
 FIGURE_ORDER = (
     "engine_ops", "manager", "prefix_ops", "write_path", "block_table_traffic", "fragmentation",
