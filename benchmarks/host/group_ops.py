@@ -74,14 +74,15 @@ def kv_cache_config(layout: str, num_blocks: int, block_size: int) -> KVCacheCon
             else SlidingWindowSpec(**common, sliding_window=window)
         )
         groups.append(KVCacheGroupSpec([f"layer{i}"], spec))
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    config.prefix_cache_retention_interval = 0  # the server's default (sparse window retention)
+    return config
 
 
 def build_managers(
     layout: str, num_blocks: int, block_size: int, max_model_len: int, caching: bool = False
 ) -> dict[str, Any]:
     config = kv_cache_config(layout, num_blocks, block_size)
-    config.prefix_cache_retention_interval = 0  # the server's default (sparse window retention)
     kwargs = {
         "max_model_len": max_model_len,
         "scheduler_block_size": block_size,

@@ -26,13 +26,13 @@ import random
 import statistics
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
@@ -41,11 +41,10 @@ from benchmarks.host import group_ops, manager_ops
 from benchmarks.host.timing import pair_entry
 from tagma.core.scheduler import TagmaScheduler
 from tagma.probes import host_time_hooks as hooks
-from tagma.probes.host_time import measure_timer_overhead_ns
+from tagma.probes.host_time import COLUMNS, measure_timer_overhead_ns
 
 __all__ = [
     "PARTS", "build_scheduler", "drive", "engine_core_hashes", "make_requests", "measure", "per_step", "run",
-    "spread",
 ]  # fmt: skip
 
 SIDES = ("paged", "tagma")
@@ -54,25 +53,7 @@ ENGINE_CORE_PARTS = ("kv_manager", "schedule_other", "update_other", "request_bu
 SAMPLED_TOKEN = 7
 
 
-class _Rows:
-    """The clock's writer: rows of ``tagma.probes.host_time.COLUMNS["scheduler"]`` kept in memory."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[int, ...]] = []
-
-    def add(self, row: tuple[int, ...]) -> None:
-        self.rows.append(row)
-
-
 CLOCK = hooks.SCHEDULER_CLOCK  # the process's clock, as in a server
-
-
-def _kv_cache_config(layout: str, num_blocks: int, block_size: int) -> KVCacheConfig:
-    if layout == "llama":
-        return manager_ops.kv_cache_config(num_blocks, block_size)
-    config = group_ops.kv_cache_config(layout, num_blocks, block_size)
-    config.prefix_cache_retention_interval = 0  # the server's default
-    return config
 
 
 def _vllm_config(model: str, w: dict[str, Any], block_size: int, caching: bool) -> VllmConfig:
@@ -96,7 +77,11 @@ def build_scheduler(side: str, model: str, layout: str, w: dict[str, Any], block
     per_request = -(-vllm_config.model_config.max_model_len // block_size)
     groups = 1 if layout == "llama" else len(group_ops.LAYOUTS[layout])
     num_blocks = groups * per_request * int(w["concurrency"]) + 64
-    kv_cache_config = _kv_cache_config(layout, num_blocks, block_size)
+    kv_cache_config = (
+        manager_ops.kv_cache_config(num_blocks, block_size)
+        if layout == "llama"
+        else group_ops.kv_cache_config(layout, num_blocks, block_size)
+    )
     vllm_config.cache_config.num_gpu_blocks = num_blocks
     cls = Scheduler if side == "paged" else TagmaScheduler
     scheduler = cls(
@@ -155,9 +140,8 @@ def _model_output(scheduler: Scheduler, out: Any) -> ModelRunnerOutput:
 
 def drive(scheduler: Scheduler, requests: list[Request], concurrency: int) -> list[tuple[int, ...]]:
     """Run the requests closed-loop (``concurrency`` in flight) to the end; the clock's rows per step."""
-    rows = _Rows()
-    CLOCK.writer, CLOCK._writer_made, CLOCK.step = rows, True, 0
-    CLOCK.pending.clear()
+    rows: list[tuple[int, ...]] = []
+    CLOCK.restart(SimpleNamespace(add=rows.append))
     pending = list(reversed(requests))
     in_flight = 0
     while pending and in_flight < concurrency:
@@ -173,26 +157,33 @@ def drive(scheduler: Scheduler, requests: list[Request], concurrency: int) -> li
                     if pending:
                         scheduler.add_request(pending.pop())
                         in_flight += 1
-    return rows.rows
+    return rows
 
 
 def per_step(rows: list[tuple[int, ...]], overhead_ns: int, build_ns: int = 0) -> dict[str, Any]:
     """Mean us per busy step of each part (timer cost subtracted per timed call), the requests' construction
     spread over the steps, their sum (the engine core's scheduling CPU), and the step shapes."""
-    busy = [r for r in rows if r[9] > 0]  # num_reqs
+    busy = [dict(zip(COLUMNS["scheduler"], r, strict=True)) for r in rows]
+    busy = [r for r in busy if r["num_reqs"] > 0]
     if not busy:
         raise RuntimeError("the scheduler made no busy step")
-    kv = [r[1] + r[2] + r[3] - overhead_ns * (r[6] + r[7] + r[8]) for r in busy]
+    kv = [
+        r["kv_manager_ns"] + r["update_kv_manager_ns"] + r["outside_kv_manager_ns"]
+        - overhead_ns * (r["kv_calls"] + r["update_kv_calls"] + r["outside_kv_calls"])
+        for r in busy
+    ]  # fmt: skip
     out: dict[str, Any] = {
         "kv_manager": statistics.fmean(kv) / 1e3,
         "kv_manager_p99": float(np.percentile(kv, 99)) / 1e3,
         # an enclosing interval holds both reads of every timed call in it (harness.analysis.host_time)
-        "schedule_other": statistics.fmean(r[4] - overhead_ns * (r[6] + 1) for r in busy) / 1e3,
-        "update_other": statistics.fmean(r[5] - overhead_ns * (r[7] + 1) for r in busy) / 1e3,
+        "schedule_other": statistics.fmean(r["schedule_other_ns"] - overhead_ns * (r["kv_calls"] + 1)
+                                           for r in busy) / 1e3,
+        "update_other": statistics.fmean(r["update_other_ns"] - overhead_ns * (r["update_kv_calls"] + 1)
+                                         for r in busy) / 1e3,
         "request_build": build_ns / len(busy) / 1e3,
         "steps": len(busy),
-        "shape": [(r[9], r[10]) for r in busy],
-    }
+        "shape": [(r["num_reqs"], r["num_tokens"]) for r in busy],
+    }  # fmt: skip
     out["engine_core"] = sum(out[k] for k in ENGINE_CORE_PARTS)
     return out
 
@@ -229,12 +220,6 @@ def measure(model: str, layout: str, w: dict[str, Any], block_size: int, caching
     return entry
 
 
-def spread(entry: dict[str, Any]) -> tuple[float, float]:
-    """The lowest and highest per-run ratio tagma / paged of a pair entry."""
-    ratios = [t / q for q, t in zip(entry["paged"]["samples"], entry["tagma"]["samples"], strict=True)]
-    return min(ratios), max(ratios)
-
-
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
     """Every configured (layout, caching, block size, workload) cell."""
     sc = cfg["scheduler"]
@@ -249,38 +234,9 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                     entries.append(measure(model, layout, dict(w), int(block_size), bool(caching),
                                            int(sc["repeats"]), int(cfg["seed"])))  # fmt: skip
     return {
+        "parts": list(PARTS),
         "entries": entries,
         "same_steps": all(e["same_steps"] for e in entries),
         "wall_s": time.perf_counter() - started,
     }
 
-
-def _cli() -> None:
-    import argparse
-    import json
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--layout", default="gpt-oss")
-    parser.add_argument("--caching", action="store_true")
-    parser.add_argument("--block-size", type=int, default=128)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--prompt", type=int, default=1024)
-    parser.add_argument("--output", type=int, default=64)
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=4)
-    a = parser.parse_args()
-    w = {"concurrency": a.concurrency, "prompt_tokens": a.prompt, "output_tokens": a.output,
-         "num_requests": a.requests, "max_num_batched_tokens": 8192}  # fmt: skip
-    hooks.wrap_scheduler_class(Scheduler, CLOCK)
-    model = str(Path(__file__).resolve().parents[2] / "data" / "tiny-llama")
-    e = measure(model, a.layout, w, a.block_size, a.caching, a.repeats, 0)
-    print(json.dumps({k: v for k, v in e.items() if k not in PARTS}, indent=1))
-    for part in PARTS:
-        p = e[part]
-        lo, hi = spread(p)
-        print(f"{part:16s} paged {p['paged']['median']:8.1f}  tagma {p['tagma']['median']:8.1f}  "
-              f"ratio {p['ratio_paired']:.3f} [{lo:.3f}, {hi:.3f}]")  # fmt: skip
-
-
-if __name__ == "__main__":
-    _cli()

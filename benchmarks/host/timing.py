@@ -20,6 +20,7 @@ from typing import Any
 
 __all__ = [
     "calibrate",
+    "ratio_range",
     "interleaved",
     "load_average",
     "pair_entry",
@@ -106,6 +107,12 @@ def pair_entry(
         }
     )
     return entry
+
+
+def ratio_range(entry: Mapping[str, Any]) -> tuple[float, float]:
+    """The lowest and highest per-repeat ratio tagma / paged of a :func:`pair_entry`."""
+    ratios = [t / q for q, t in zip(entry["paged"]["samples"], entry["tagma"]["samples"], strict=True)]
+    return min(ratios), max(ratios)
 
 
 def load_average() -> list[float]:

@@ -112,6 +112,12 @@ class SchedulerClock:
         self.writer_factory: Callable[[str, str], ChunkWriter | None] = _writer
         self._writer_made = False
 
+    def restart(self, writer: Any) -> None:
+        """Number steps from 0 again and write their rows to ``writer`` (anything with ``add(row)``): a new
+        run in the same process (the in-process benchmark's), with nothing pending from the last one."""
+        self.writer, self._writer_made, self.step = writer, True, 0
+        self.pending.clear()
+
     def ensure_writer(self, scheduler: Any) -> ChunkWriter | None:
         if not self._writer_made:
             self._writer_made = True
@@ -159,15 +165,20 @@ def _schedule_context(out: Any) -> tuple[int, int, int]:
 SCHEDULER_CLOCK = SchedulerClock()
 
 
-def _timed_kv_method(bound: Callable[..., Any], clock: SchedulerClock) -> Callable[..., Any]:
+def _timed_kv_call(fn: Callable[..., Any], clock: SchedulerClock) -> Callable[..., Any]:
+    """``fn`` (a manager's bound method, or a block-id read taking its blocks first) timed as KV manager work
+    in the clock's current phase, unless it runs inside a timed KV manager call (under any clock) or a
+    timed read: then it is that call's time, counted once."""
+
+    @functools.wraps(fn)
     def timed(*args: Any, **kwargs: Any) -> Any:
-        if clock.in_kv:
-            return bound(*args, **kwargs)
+        if clock.in_kv or _KV_ACTIVE[0]:
+            return fn(*args, **kwargs)
         clock.in_kv = True
         _KV_ACTIVE[0] += 1
         t0 = _clock()
         try:
-            return bound(*args, **kwargs)
+            return fn(*args, **kwargs)
         finally:
             dt = _clock() - t0
             phase = clock.phase
@@ -175,25 +186,6 @@ def _timed_kv_method(bound: Callable[..., Any], clock: SchedulerClock) -> Callab
             clock.kv_calls[phase] += 1
             clock.in_kv = False
             _KV_ACTIVE[0] -= 1
-
-    return timed
-
-
-def _timed_block_read(original: Callable[..., Any], clock: SchedulerClock) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _KV_ACTIVE[0] or clock.in_kv:
-            return original(self, *args, **kwargs)
-        clock.in_kv = True
-        t0 = _clock()
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            dt = _clock() - t0
-            phase = clock.phase
-            clock.kv_ns[phase] += dt
-            clock.kv_calls[phase] += 1
-            clock.in_kv = False
 
     setattr(timed, _WRAPPED, True)
     return timed
@@ -218,10 +210,10 @@ def wrap_block_id_reads(clock: SchedulerClock = SCHEDULER_CLOCK, base: type | No
         for name in BLOCK_ID_READS:
             member = cls.__dict__.get(name)
             if isinstance(member, property) and member.fget and not getattr(member.fget, _WRAPPED, False):
-                setattr(cls, name, property(_timed_block_read(member.fget, clock), doc=member.__doc__))
+                setattr(cls, name, property(_timed_kv_call(member.fget, clock), doc=member.__doc__))
                 done.append(f"{cls.__name__}.{name}")
             elif inspect.isfunction(member) and not getattr(member, _WRAPPED, False):
-                setattr(cls, name, _timed_block_read(member, clock))
+                setattr(cls, name, _timed_kv_call(member, clock))
                 done.append(f"{cls.__name__}.{name}")
     return done
 
@@ -242,7 +234,7 @@ def instrument_kv_manager(manager: Any, clock: SchedulerClock = SCHEDULER_CLOCK,
     for name in (*names, *getattr(type(manager), "DEFERRED_WORK_METHODS", ())):
         bound = getattr(manager, name, None)
         if callable(bound):
-            setattr(manager, name, _timed_kv_method(bound, clock))
+            setattr(manager, name, _timed_kv_call(bound, clock))
     manager.__dict__[_INSTRUMENTED] = True
 
 

@@ -12,6 +12,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 
 from benchmarks.host import scheduler_steps as ss  # noqa: E402
+from benchmarks.host.timing import ratio_range  # noqa: E402
 from tagma.core.scheduler import TagmaScheduler  # noqa: E402
 from tagma.probes import host_time_hooks as hooks  # noqa: E402
 
@@ -64,5 +65,5 @@ def test_a_cell_compares_every_part_per_step_and_says_whether_the_steps_matched(
     assert e["managers"] == {"paged": KVCacheManager.__name__, "tagma": "GroupPrefixKVCacheManager"}
     for part in ss.PARTS:
         assert e[part]["paged"]["repeats"] == e[part]["tagma"]["repeats"] == 2
-        lo, hi = ss.spread(e[part])
+        lo, hi = ratio_range(e[part])
         assert 0 < lo <= e[part]["ratio_paired"] <= hi

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.host.report.table import row
-from benchmarks.host.scheduler_steps import PARTS, spread
+from benchmarks.host.timing import ratio_range
 
 __all__ = ["headline_rows"]
 
@@ -27,9 +27,9 @@ def headline_rows(section: dict[str, Any], contexts: list[int]) -> list[dict[str
     del contexts  # each cell names its own prompt length
     rows: list[dict[str, Any]] = []
     for e in section["entries"]:
-        for part in PARTS:
+        for part in section["parts"]:
             p = e[part]
-            lo, hi = spread(p)
+            lo, hi = ratio_range(p)
             note = (
                 f"per-run ratios {lo:.3f}-{hi:.3f} over {e['repeats']} runs per arm, "
                 f"{e['steps']} steps each, same steps on both arms: {e['same_steps']}"
