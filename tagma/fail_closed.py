@@ -2,7 +2,8 @@
 
 tagma serves one full-attention or MLA KV cache group (prefix caching on or off), full-attention,
 sliding-window and state (Mamba/GDN) groups with prefix caching off, and sliding-window groups beside a
-full-attention layer with prefix caching on, written through plain token-to-slot mappings. Everything else
+full-attention layer with prefix caching on, written through plain token-to-slot mappings; speculative
+decoding by ngram, a draft model or an EAGLE drafter beside one full-attention group. Everything else
 is refused with one line naming the feature. The KV cache manager (``tagma.core.manager``) repeats the
 group/spec checks on the real ``KVCacheConfig`` in the engine core as a backstop for what only model loading
 reveals. What the model's config already tells about the KV cache
@@ -130,9 +131,43 @@ def _diffusion(c: Any) -> str | None:
 # tokens (allocated with the step's tokens; a rejected token's slot is rewritten next step). A draft model's
 # layers join the target's KV cache group(s) (vLLM groups layers by spec), so its KV lives in the request's
 # blocks: the manager sees the same lookahead slots (num_speculative_tokens) and no EAGLE block drop, and the
-# drafter's slot kernels read the block-table rows tagma materializes. EAGLE/MTP (use_eagle: hit-block drop,
-# EAGLE groups) stay refused.
+# drafter's slot kernels read the block-table rows tagma materializes. An EAGLE drafter (one decoder layer on
+# the target's hidden states, KV shaped as the target's) joins the target's one full-attention group too:
+# besides the lookahead slots, a prefix-cache hit loses its last block (use_eagle), as in vLLM.
 SERVED_SPECULATIVE_METHODS = ("ngram", "draft_model")
+EAGLE_METHODS = ("eagle",)  # eagle3 (the target's auxiliary hidden states), MTP and the rest: refused
+
+
+def _kv_shape(config: Any) -> tuple[Any, Any]:
+    heads = getattr(config, "num_key_value_heads", None) or getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None) or (
+        config.hidden_size // config.num_attention_heads if getattr(config, "hidden_size", None) else None
+    )
+    return heads, head_dim
+
+
+def _eagle_outside_one_group(c: Any) -> str | None:
+    """Why an EAGLE drafter would not share the target's one full-attention group, or None."""
+    mc = c.model_config
+    layer_types = set(getattr(mc.hf_text_config, "layer_types", None) or ())
+    if mc.is_hybrid or mc.use_mla or mc.get_sliding_window() is not None or (
+        layer_types - _FULL_ATTENTION_LAYER_TYPES
+    ):
+        return "a target with more than one full-attention KV cache group or MLA"
+    draft = getattr(c.speculative_config.draft_model_config, "hf_text_config", None)
+    if draft is not None and _kv_shape(draft) != _kv_shape(mc.hf_text_config):
+        return "a drafter whose KV shape differs from the target's (a KV cache group of its own)"
+    return None
+
+
+def lookahead_hashes() -> bool:
+    """Whether the installed vLLM hashes blocks with lookahead for EAGLE-family drafters with caching on
+    (vLLM 0.33: a block's hash covers the next tokens; the prefix index keys a block by its own)."""
+    import inspect
+
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    return "num_hash_lookahead_tokens" in inspect.signature(KVCacheManager.__init__).parameters
 
 
 def _speculative(c: Any) -> str | None:
@@ -140,8 +175,15 @@ def _speculative(c: Any) -> str | None:
     if spec is None or spec.method in SERVED_SPECULATIVE_METHODS:
         return None
     method = spec.method
+    if method in EAGLE_METHODS:
+        reason = _eagle_outside_one_group(c)
+        if reason is None and _prefix_index(c) and lookahead_hashes():
+            reason = "prefix caching on this vLLM's lookahead block hashes (tagma keys a block by its tokens)"
+        if reason is None:
+            return None
+        return f"an EAGLE drafter with {reason} (--speculative-config method={method})"
     return (f"speculative decoding with a drafter on the target's hidden states (--speculative-config "
-            f"method={method}; EAGLE-family drafters, served: ngram, draft_model)")
+            f"method={method}; served: ngram, draft_model, eagle)")
 
 
 def _kv_connector(c: Any) -> str | None:

@@ -92,11 +92,14 @@ def unsupported_feature(
     args: dict[str, Any],
     specs: tuple[type, ...] = (FullAttentionSpec,),
     max_groups: int | None = 1,
+    eagle: bool = False,
 ) -> str | None:
     """The first configuration feature tagma does not support, or None.
 
     ``args`` are ``KVCacheManager.__init__``'s arguments by name (defaults filled in); ``specs`` the KV cache
-    spec types the manager serves (by exact type) and ``max_groups`` how many KV cache groups (None: any).
+    spec types the manager serves (by exact type), ``max_groups`` how many KV cache groups (None: any) and
+    ``eagle`` whether it serves an EAGLE drafter (``use_eagle``: the last hit block dropped, the drafter
+    reading one prefill token ahead; multi-module MTP's longer lookahead stays refused).
     """
     groups = kv_cache_config.kv_cache_groups
     if not groups or (max_groups is not None and len(groups) > max_groups):
@@ -112,17 +115,25 @@ def unsupported_feature(
             getattr(kv_cache_config, "hisparse_host_num_blocks", None) is not None
         ):
             return "HiSparse KV cache groups"
-        if group.is_eagle_group:
+        if group.is_eagle_group and not eagle:
             return "EAGLE / MTP speculative decoding (an EAGLE KV cache group)"
         if getattr(spec, "extra_retained_tokens", 0):
             return "multi-module MTP (sliding-window extra_retained_tokens)"
     spec = groups[0].kv_cache_spec
-    if args.get("use_eagle"):
+    if args.get("use_eagle") and not eagle:
         return "EAGLE / MTP speculative decoding (use_eagle)"
     if args.get("num_hash_lookahead_tokens", 0) > 0:  # vLLM 0.33, EAGLE-family drafters with caching on
         return "lookahead block hashes (num_hash_lookahead_tokens > 0; tagma keys a block by its own tokens)"
-    if args.get("num_prefill_lookahead", 0) > 0:
+    # vLLM 0.32: an EAGLE drafter reads the next prefill token (1; nothing re-prefilled), multi-module MTP
+    # num_speculative_tokens of them (the trailing ones re-prefillable: not cached until final).
+    lookahead = args.get("num_prefill_lookahead", 0)
+    if lookahead > 0 and not eagle:
         return "speculative prefill lookahead (num_prefill_lookahead > 0)"
+    if lookahead > 1:
+        return (
+            f"speculative prefill lookahead (num_prefill_lookahead={lookahead} > 1: multi-module MTP, block "
+            "drafters)"
+        )
     if args.get("dcp_world_size", 1) > 1:
         return "decode context parallelism (dcp_world_size > 1)"
     if args.get("pcp_world_size", 1) > 1:
@@ -150,12 +161,13 @@ class TagmaKVCacheManager(KVCacheManager):
     SERVED_SPECS: ClassVar[tuple[type, ...]] = (FullAttentionSpec, MLAAttentionSpec)
     SERVED_MANAGERS: ClassVar[tuple[type, ...]] = (FullAttentionManager,)
     MAX_GROUPS: ClassVar[int | None] = 1
+    SERVES_EAGLE: ClassVar[bool] = False  # an EAGLE drafter (use_eagle); see unsupported_feature
 
     @classmethod
     def unsupported(cls, kv_cache_config: KVCacheConfig, args: dict[str, Any]) -> str | None:
         """What this class cannot serve of the configuration (``KVCacheManager.__init__``'s ``args`` by
         name), or None; checked before vLLM's manager is built."""
-        return unsupported_feature(kv_cache_config, args, cls.SERVED_SPECS, cls.MAX_GROUPS)
+        return unsupported_feature(kv_cache_config, args, cls.SERVED_SPECS, cls.MAX_GROUPS, cls.SERVES_EAGLE)
 
     def __init__(
         self,

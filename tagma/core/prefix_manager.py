@@ -10,8 +10,9 @@ builds its requests without a block hasher (:func:`tagma.core.scheduler.install_
 vLLM's meaning is kept where the scheduler can see it:
 
 * ``get_computed_blocks``: the longest cached prefix in full blocks, capped at ``num_tokens - 1`` tokens
-  (the last token is always computed), none for requests that skip reading the prefix cache; the hit is a
-  view over the hit block ids (:class:`HitBlocks`) and changes no block state;
+  (the last token is always computed), less its last block with an EAGLE drafter (``use_eagle``), none for
+  requests that skip reading the prefix cache; the hit is a view over the hit block ids
+  (:class:`HitBlocks`) and changes no block state;
 * ``allocate_slots``: vLLM's admission arithmetic (cache-only hits count against the free blocks, as
   vLLM's evictable hits do), then the hit is attached (one engine call that walks the index again), new
   blocks appended with their growth hint (prompt + max_tokens; the engine evicts cached blocks as its
@@ -272,6 +273,8 @@ class PrefixKVCacheManager(RangeKVCacheManager):
             return self.empty_kv_cache_blocks, 0, 0
         # the token list is read in C (no per-token Python work), only its first max_blocks blocks
         ids = self.index.lookup_ids(self._namespace(request), request._all_token_ids, max_blocks)
+        if self.use_eagle and len(ids):
+            ids = ids[:-1]  # vLLM's EAGLE drop: the drafter recomputes the last hit block's hidden states
         if not len(ids):
             return self.empty_kv_cache_blocks, 0, 0
         return HitBlocks(ids, self.block_pool), len(ids) * bs, 0

@@ -163,6 +163,9 @@ class RangeKVCacheManager(TagmaKVCacheManager):
     # Work allocate_slots defers (the queued appends, one engine call) and runs when a block id is first
     # read, possibly from the scheduler's own code: in-server host time charges it to the manager.
     DEFERRED_WORK_METHODS = ("_flush",)
+    # An EAGLE drafter's layers share the target's one group: caching off, the manager sees lookahead slots
+    # only (as for ngram); caching on, the prefix manager drops the last hit block as vLLM does.
+    SERVES_EAGLE = True
 
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, *args: Any, **kwargs: Any) -> None:
         super().__init__(kv_cache_config, max_model_len, *args, **kwargs)

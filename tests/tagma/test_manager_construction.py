@@ -13,9 +13,12 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, MLAAttentionSpec, SlidingW
 from tagma.contract import ENV_PLACEMENT, ENV_RANGE_MANAGER, ENV_RESERVE_ADMISSION
 from tagma.core.block_pool import TagmaBlockPool
 from tagma.core.manager import TagmaKVCacheManager
+from tagma.core.prefix_manager import PrefixKVCacheManager
 from tagma.core.range_manager import RangeKVCacheManager
 from tagma.core.registry import build_kv_cache_manager
 from tests.tagma.twin import BLOCK, full_spec, make_config, manager_kwargs, use_block_object_manager
+
+SW = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=8)
 
 
 @pytest.fixture(autouse=True)
@@ -49,6 +52,25 @@ def test_constructor_accepts_vllm_arguments_and_passes_them_through() -> None:
     assert positional.policy_name == "first_fit" and positional.enable_caching
     with pytest.raises(TypeError):
         build_kv_cache_manager(config, **manager_kwargs(no_such_argument=1))
+
+
+def test_an_eagle_drafter_is_served_by_the_range_managers_of_one_group() -> None:
+    """EAGLE (use_eagle, one prefill token read ahead): the range managers serve it (caching off: lookahead
+    slots only; caching on: the prefix manager drops the last hit block); multi-module MTP's longer lookahead,
+    the block-object manager and several groups stay refused."""
+    eagle = {"use_eagle": True, "num_prefill_lookahead": 1}
+    assert type(build_kv_cache_manager(make_config(16), **manager_kwargs(enable_caching=False, **eagle))) is (
+        RangeKVCacheManager
+    )
+    assert PrefixKVCacheManager(make_config(16), **manager_kwargs(**eagle)).use_eagle
+    refused = [
+        (make_config(16), {"enable_caching": False, "use_eagle": True, "num_prefill_lookahead": 2}, "MTP"),
+        (make_config(16), eagle, "EAGLE"),  # caching on is the block-object manager here (the fixture)
+        (make_config(16, specs=[full_spec(), SW]), {"enable_caching": False, **eagle}, "EAGLE"),
+    ]
+    for config, extra, feature in refused:
+        with pytest.raises(ValueError, match=f"^tagma: unsupported: .*{feature}"):
+            build_kv_cache_manager(config, **manager_kwargs(**extra))
 
 
 def test_policy_from_env(monkeypatch: pytest.MonkeyPatch) -> None:

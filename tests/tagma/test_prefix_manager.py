@@ -91,6 +91,33 @@ def test_a_fully_cached_prompt_hits_all_but_its_last_block_as_vllm() -> None:
     assert twin.hits[-1] == (4 * BLOCK, 4 * BLOCK)
 
 
+# An EAGLE drafter (use_eagle; vLLM 0.32 passes num_prefill_lookahead 1 with it): every hit loses its last
+# block, whose hidden states the drafter must see recomputed.
+EAGLE = {"use_eagle": True, "num_prefill_lookahead": 1}
+
+
+def test_an_eagle_drafter_s_hits_drop_their_last_block_as_vllm() -> None:
+    twin = Twin(num_blocks=64, flavour=PREFIX_INDEX, **EAGLE)
+    assert twin.tagma.use_eagle
+    tokens = list(range(1, 4 * BLOCK + 1))
+    twin.add("a", tokens)
+    assert twin.schedule("a", first=True)
+    twin.free("a")
+    twin.add("b", tokens)  # 3 full blocks before the last token, less the EAGLE block
+    assert twin.schedule("b", first=True)
+    assert twin.hits[-1] == (2 * BLOCK, 2 * BLOCK)
+    twin.add("c", tokens[: BLOCK + 1])  # one cached block: dropped, no hit
+    assert twin.schedule("c", first=True)
+    assert twin.hits[-1] == (0, 0)
+
+
+@pytest.mark.parametrize("seed,chunk", [(0, None), (1, 5)])
+def test_eagle_hits_and_outcomes_equal_vllm(seed: int, chunk: int | None) -> None:
+    twin = Twin(num_blocks=2048, flavour=PREFIX_INDEX, **EAGLE)
+    run_workload(twin, seed, num_requests=40, max_running=6, chunk=chunk)
+    assert sum(p for p, _ in twin.hits) > 0, "the workload had no prefix hit to compare"
+
+
 def test_decode_filled_blocks_are_cached_as_vllm_caches_them() -> None:
     twin = Twin(num_blocks=64, flavour=PREFIX_INDEX)
     prompt = list(range(1, BLOCK + 3))

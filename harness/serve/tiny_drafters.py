@@ -1,0 +1,52 @@
+"""A tiny EAGLE drafter for the tiny Llama: one decoder layer on the target's hidden states, random weights.
+
+An EAGLE checkpoint (vLLM's ``EagleLlamaForCausalLM``) is a Llama config with one layer and the weights of
+that layer (without its input norm: EAGLE's first layer reads ``fc``'s output directly) plus ``fc``, which
+maps the token's embedding and the target's hidden state (2 x hidden) to hidden. The embedding and the LM
+head are the target's (vLLM shares them when the checkpoint has none). Its KV heads and head size are the
+target's, so vLLM puts its layer in the target's KV cache group: its KV lives in the request's blocks.
+
+Random weights propose tokens the target rarely accepts; what the drafter exercises is the KV cache side:
+lookahead slots every decode step, the drafter's own KV writes and reads through the block-table rows, and,
+with prefix caching on, vLLM's EAGLE rule that a hit loses its last block.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["build_eagle_drafter"]
+
+RECIPE = 1  # bump when the build changes, so stale builds are redone
+
+
+def build_eagle_drafter(out_dir: Path, target_dir: Path, seed: int = 0) -> Path:
+    """Write an EAGLE drafter for the Llama in ``target_dir`` into ``out_dir`` unless a complete build of the
+    same recipe is there."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    marker = out_dir / "tiny_drafter.json"
+    wanted = json.dumps({"kind": "eagle", "target": str(target_dir), "seed": seed, "recipe": RECIPE},
+                        sort_keys=True)
+    if marker.exists() and marker.read_text() == wanted:
+        return out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = LlamaConfig.from_pretrained(target_dir)
+    config.num_hidden_layers = 1
+    config.architectures = ["LlamaForCausalLM"]  # vLLM names it EagleLlamaForCausalLM for method=eagle
+    torch.manual_seed(seed)
+    layer = LlamaForCausalLM(config).model.layers[0]
+    weights = {
+        f"layers.0.{name}": tensor.detach().contiguous()
+        for name, tensor in layer.state_dict().items()
+        if not name.startswith("input_layernorm.")
+    }
+    hidden = config.hidden_size
+    weights["fc.weight"] = torch.randn(hidden, 2 * hidden) * config.initializer_range
+    save_file(weights, str(out_dir / "model.safetensors"))
+    config.save_pretrained(out_dir)
+    marker.write_text(wanted)  # written last: its presence means the build completed
+    return out_dir
