@@ -163,11 +163,9 @@ def _eagle_outside_one_group(c: Any) -> str | None:
 def lookahead_hashes() -> bool:
     """Whether the installed vLLM hashes blocks with lookahead for EAGLE-family drafters with caching on
     (vLLM 0.33: a block's hash covers the next tokens; the prefix index keys a block by its own)."""
-    import inspect
+    from tagma.core.manager import SIGNATURE  # KVCacheManager.__init__'s, read once
 
-    from vllm.v1.core.kv_cache_manager import KVCacheManager
-
-    return "num_hash_lookahead_tokens" in inspect.signature(KVCacheManager.__init__).parameters
+    return "num_hash_lookahead_tokens" in SIGNATURE.parameters
 
 
 def _speculative(c: Any) -> str | None:
