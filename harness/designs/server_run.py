@@ -101,6 +101,7 @@ class ServerRun:
         self.server = Server(server_spec(self.cfg, self.arm, self.dir), self.dir / "server.log")
         self.server.start()
         self.status.update(startup_s=self.server.startup_s, kv_capacity_tokens=self.server.kv_capacity_tokens,
+                           enforce_eager=self.server.spec.enforce_eager,
                            bound_cores=sorted(bound_cores(self.dir / "server.log")))  # fmt: skip
         return self
 

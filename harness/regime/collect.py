@@ -35,7 +35,8 @@ METRIC_KEYS = ("ratio", "ci", "verdict", "mde", "runs")
 
 
 def _machine(env: dict[str, Any]) -> dict[str, Any]:
-    keep = ("hostname", "cpu", "cpu_count", "memory_bytes", "platform", "python", "packages", "gpus")
+    keep = ("hostname", "cpu", "cpu_count", "memory_bytes", "platform", "python", "packages", "gpus",
+            "enforce_eager")
     return {k: env[k] for k in keep if k in env}
 
 

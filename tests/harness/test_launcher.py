@@ -10,8 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.serve import launcher
-from harness.serve.launcher import Server, ServerError, ServerSpec, server_command
+from harness.serve import environment, launcher
+from harness.serve.launcher import ENV_ENFORCE_EAGER, Server, ServerError, ServerSpec, server_command
 
 
 def _descendants() -> set[int]:
@@ -28,6 +28,22 @@ def test_command_binds_loopback_and_names_backend() -> None:
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
     assert cmd[cmd.index("--kv-cache-backend") + 1] == "tagma"
     assert cmd[cmd.index("--max-model-len") + 1] == "4096"
+
+
+@pytest.mark.parametrize(("value", "eager"), [("1", True), ("true", True), ("0", False), (None, False)])
+def test_enforce_eager_follows_the_environment(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, eager: bool
+) -> None:
+    if value is None:
+        monkeypatch.delenv(ENV_ENFORCE_EAGER, raising=False)
+    else:
+        monkeypatch.setenv(ENV_ENFORCE_EAGER, value)
+    spec = ServerSpec(model="m", backend="paged")
+    assert spec.enforce_eager is eager
+    assert ("--enforce-eager" in server_command(spec, port=8123)) is eager
+    assert environment.environment()["enforce_eager"] is eager
+    # the mock server takes no vLLM flags
+    assert "--enforce-eager" not in server_command(ServerSpec(model="m", dry_run=True), port=8123)
 
 
 def test_port_in_use_is_refused_before_spawning(tmp_path: Path) -> None:
