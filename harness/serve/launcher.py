@@ -21,12 +21,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
-from tagma.contract import BACKENDS, CLI_FLAG, PAGED
+from tagma.contract import BACKENDS, CLI_FLAG, ENV_ENFORCE_EAGER, PAGED
 
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -36,16 +38,16 @@ OFFLINE_ENV = {
 }
 _KV_CAPACITY = re.compile(r"KV cache size: ([\d,]+) tokens")
 _ADDRESS_IN_USE = re.compile(r"address already in use|Errno 98\b", re.IGNORECASE)
-# Set to 1, every server this process (and its children) starts runs vLLM's --enforce-eager: no torch.compile
-# warm-up. The test suite sets it (tests/conftest.py): it checks behaviour, and on a 2-core AVX2 CPU the
-# compile warm-up was 14-51 s of each server's start (vLLM 0.32 for CPU recompiles at every start: its AOT
-# cache fails to load). Benchmarks leave it unset, and every run records it (environment.json, status.json).
-ENV_ENFORCE_EAGER = "TAGMA_ENFORCE_EAGER"
 PORT_ATTEMPTS = 5  # start-ups on fresh ports when the one drawn was taken before the server bound it
 _LIVE: set[Server] = set()
 
 
 def eager_from_env() -> bool:
+    """TAGMA_ENFORCE_EAGER=1: every server this process (and its children) starts runs vLLM's
+    --enforce-eager, no torch.compile warm-up. The test suite sets it (tests/conftest.py): it checks
+    behaviour, and on a 2-core AVX2 CPU the warm-up was 14-51 s of each server's start (vLLM 0.32 for CPU
+    recompiles at every start: its AOT cache fails to load). Benchmarks leave it unset; every run records it
+    (environment.json, status.json)."""
     return os.environ.get(ENV_ENFORCE_EAGER, "0").strip().lower() in ("1", "true", "yes")
 
 
@@ -273,6 +275,34 @@ class Server:
         psutil.wait_procs(alive, timeout=5.0)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5.0)
+
+
+def start_together(servers: Sequence[Server]) -> None:
+    """Start the servers at once: a start is mostly one process at a time importing vLLM on one core, so on
+    a 2-core machine two starts take about as long as one. If any start fails, every server of the list is
+    stopped and the first error is raised. For tests and checks of behaviour: a timed A/B starts one server
+    at a time (the designs), so that no start-up runs beside a measurement."""
+    stop_servers_on_sigterm()  # from the main thread; the starts run in worker threads
+    with ThreadPoolExecutor(len(servers)) as pool:
+        futures = [pool.submit(s.start) for s in servers]
+        errors = [f.exception() for f in futures]
+    failed = [e for e in errors if e is not None]
+    if failed:
+        for s in servers:
+            s.stop()
+        raise failed[0]
+
+
+@contextlib.contextmanager
+def serving(specs: Sequence[tuple[ServerSpec, Path]]) -> Iterator[list[Server]]:
+    """Servers for (spec, log) pairs, started together (``start_together``), all stopped on exit."""
+    servers = [Server(spec, log) for spec, log in specs]
+    try:
+        start_together(servers)
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
 
 
 @atexit.register

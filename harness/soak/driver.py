@@ -17,7 +17,6 @@ import threading
 import time
 import urllib.request
 from collections import Counter, defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import psutil
 import tagma.contract as contract
 from harness.client import make_connector
 from harness.config import ARM_NAMES
-from harness.serve.launcher import Server, ServerSpec
+from harness.serve.launcher import Server, ServerSpec, start_together
 from harness.serve.server_telemetry import last_json_line, parse_prometheus, tree_rss_bytes
 from harness.soak.client import send
 from harness.soak.config import SoakConfig
@@ -78,9 +77,7 @@ def start_arms(cfg: SoakConfig, model: Path, out_dir: Path, stack: contextlib.Ex
         server = Server(server_spec(cfg, backend, model, tel), d / "server.log")
         stack.callback(server.stop)
         arms.append(Arm(name, backend, server, tel))
-    with ThreadPoolExecutor(len(arms)) as pool:
-        for f in [pool.submit(a.server.start) for a in arms]:
-            f.result()
+    start_together([a.server for a in arms])
     return arms
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from harness.serve.launcher import Server, ServerSpec
+from harness.serve.launcher import Server, ServerSpec, serving
 from harness.serve.tiny_families import FAMILIES, build_family
 from tagma.worker import write_path_counter
 from tests.tagma.test_window_serving import _metrics, _post
@@ -40,6 +40,7 @@ from tests.tagma.test_window_serving import _metrics, _post
 pytestmark = pytest.mark.slow
 
 MAX_MODEL_LEN = 2048
+BACKENDS = ("paged", "tagma")  # started together, driven one after the other (2 cores)
 METRICS = {
     "vllm:kv_cache_usage_perc": "kv_usage",
     "vllm:prefix_cache_hits_total": "prefix_hits",
@@ -83,22 +84,28 @@ def _amx() -> bool:
     return bool(torch.cpu._is_amx_tile_supported())
 
 
-def serve(model: Path, backend: str, case: Case, log: Path) -> dict[str, Any]:
+def server_spec(model: Path, backend: str, case: Case, log: Path) -> ServerSpec:
     # The worker's write-path counter (written only by tagma's range write path) shows that the MLA cache
     # op got tagma's slot mapping: a fallback to vLLM's block table leaves no file.
     counters = log.parent / f"{log.stem}-write-path-{{pid}}.json"
-    spec = ServerSpec(model=str(model), backend=backend, dtype=FAMILIES[case.family].dtype,
+    return ServerSpec(model=str(model), backend=backend, dtype=FAMILIES[case.family].dtype,
                       max_model_len=MAX_MODEL_LEN, kv_cache_space_gib=1,
                       extra_args=("--seed", "0", "--max-num-seqs", "1", *case.extra_args),
                       env={write_path_counter.ENV_COUNTER_FILE: str(counters),
                            write_path_counter.ENV_COUNTER_INTERVAL: "0"})  # fmt: skip
-    with Server(spec, log) as server:
-        tokens = [_post(server.base_url, str(model), p, n) for p, n in plan()]
-        after = _metrics(server.base_url, METRICS)
-        lines = log.read_text().splitlines()
-        backend_line = next((ln for ln in lines if "MLA backend" in ln or "GDN" in ln), "")
-    written = sum(json.loads(f.read_text())["positions"] for f in log.parent.glob(f"{log.stem}-write-path-*"))
-    return {"tokens": tokens, "backend_line": backend_line, "range_write_positions": written, **after}
+
+
+def drive(model: Path, server: Server) -> dict[str, Any]:
+    tokens = [_post(server.base_url, str(model), p, n) for p, n in plan()]
+    after = _metrics(server.base_url, METRICS)
+    lines = server.log_text().splitlines()
+    backend_line = next((ln for ln in lines if "MLA backend" in ln or "GDN" in ln), "")
+    return {"tokens": tokens, "backend_line": backend_line, **after}
+
+
+def range_write_positions(log: Path) -> int:
+    """Positions tagma's range write path wrote, from the server's counter files (read once it stopped)."""
+    return sum(json.loads(f.read_text())["positions"] for f in log.parent.glob(f"{log.stem}-write-path-*"))
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +116,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tok_dir: Path) -> dict[str, d
         if case.needs_amx and not _amx():
             continue
         model = build_family(root / case.family, case.family, tok_dir)
-        out[name] = {b: serve(model, b, case, root / f"{name}-{b}.log") for b in ("paged", "tagma")}
+        logs = {b: root / f"{name}-{b}.log" for b in BACKENDS}
+        with serving([(server_spec(model, b, case, logs[b]), logs[b]) for b in BACKENDS]) as servers:
+            out[name] = {b: drive(model, server) for b, server in zip(BACKENDS, servers, strict=True)}
+        for b in BACKENDS:
+            out[name][b]["range_write_positions"] = range_write_positions(logs[b])
     summary = {n: {b: {k: v for k, v in r.items() if k != "tokens"} for b, r in arms.items()}
                for n, arms in out.items()}  # fmt: skip
     print("bf16 family serving:", json.dumps(summary))

@@ -112,12 +112,14 @@ def test_real_servers_write_host_time(tmp_path: Path) -> None:
     import asyncio
 
     from harness.client import run_requests
-    from harness.serve.launcher import Server, ServerSpec
+    from harness.serve.launcher import ServerSpec, serving
 
     model = REPO / "data" / "tiny-llama"
     schemas = {}
     summaries = {}
-    for backend in ("paged", "tagma"):
+    backends = ("paged", "tagma")
+    specs = []
+    for backend in backends:
         run_dir = tmp_path / backend
         run_dir.mkdir()
         env = {
@@ -128,24 +130,27 @@ def test_real_servers_write_host_time(tmp_path: Path) -> None:
         }
         spec = ServerSpec(model=str(model), backend=backend, max_model_len=2048, kv_cache_space_gib=1,
                           env=env)  # fmt: skip
-        with Server(spec, run_dir / "server.log") as server:
+        specs.append((spec, run_dir / "server.log"))
+    with serving(specs) as servers:  # started together, driven one after the other
+        for backend, server in zip(backends, servers, strict=True):
+            run_dir = tmp_path / backend
             requests = _requests(4)
             results, _ = asyncio.run(run_requests(server.base_url, str(model), requests, [0.0] * 4,
                                                   max_concurrency=4, timeout_s=300))  # fmt: skip
             assert all(r.success for r in results), [r.error for r in results]
             time.sleep(0.6)  # more than one flush interval: every finished step is on disk
             run = reader.load_run(run_dir)
-        assert run.backend == backend and run.aligned, run.files
-        busy = run.steps["num_tokens"] > 0
-        assert busy.sum() >= 8
-        assert (run.steps["kv_manager_ns"][busy] > 0).all()
-        assert (run.steps["worker_prepare_ns"][busy] > 0).all()
-        assert (run.steps["block_table_ns"][busy] > 0).all()
-        schemas[backend] = sorted(run.steps)
-        summaries[backend] = reader.summarize(run)
-        telemetry = [json.loads(s) for s in (run_dir / "tagma_telemetry.jsonl").read_text().splitlines()]
-        assert max(t["peak_live_requests"] for t in telemetry) >= 1
-        assert telemetry[-1]["policy"] == ("paged" if backend == "paged" else "headroom")
+            assert run.backend == backend and run.aligned, run.files
+            busy = run.steps["num_tokens"] > 0
+            assert busy.sum() >= 8
+            assert (run.steps["kv_manager_ns"][busy] > 0).all()
+            assert (run.steps["worker_prepare_ns"][busy] > 0).all()
+            assert (run.steps["block_table_ns"][busy] > 0).all()
+            schemas[backend] = sorted(run.steps)
+            summaries[backend] = reader.summarize(run)
+            telemetry = [json.loads(s) for s in (run_dir / "tagma_telemetry.jsonl").read_text().splitlines()]
+            assert max(t["peak_live_requests"] for t in telemetry) >= 1
+            assert telemetry[-1]["policy"] == ("paged" if backend == "paged" else "headroom")
     assert schemas["paged"] == schemas["tagma"]
     assert set(summaries["paged"]["components"]) == set(summaries["tagma"]["components"])
 

@@ -1,8 +1,9 @@
 """Real vLLM servers on the tiny model: tagma generates exactly what paged generates, and its ranges behave.
 
-One paged server and one tagma server run with identical settings, one after the other (2 cores), and get
-the same deterministic send plan with greedy decoding (temperature 0, fixed max_tokens, ignore_eos). The
-phases run in this order; the requests of one wave are sent together, the waves one after the other:
+One paged server and one tagma server run with identical settings (started together, driven one after the
+other: 2 cores), and get the same deterministic send plan with greedy decoding (temperature 0, fixed
+max_tokens, ignore_eos). The phases run in this order; the requests of one wave are sent together, the
+waves one after the other:
 
 1. ``cold``: 24 concurrent decoding requests (41-150 token prompts, 150-200 output tokens) on a fresh pool.
 2. ``short``: ten 10-200 token prompts.
@@ -37,7 +38,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from harness.serve.launcher import Server, ServerSpec
+from harness.serve.launcher import Server, ServerSpec, serving
 from harness.serve.server_telemetry import parse_prometheus
 from harness.workload import sharegpt_file as sharegpt
 from tagma.contract import ENV_PREFIX_EVICTION, ENV_TELEMETRY_FILE, ENV_TELEMETRY_INTERVAL_S
@@ -219,40 +220,58 @@ class Run:
 Plan = dict[str, list[list[Req]]]
 
 
-def run_backend(backend: str, plan: Plan, workdir: Path, label: str = "", extra: tuple[str, ...] = ()) -> Run:
-    label = label or backend
-    tel = workdir / f"{label}-telemetry.jsonl"
-    spec = ServerSpec(
+@dataclass(frozen=True)
+class Arm:
+    """One server of the module: its backend, the label of its files, and extra server arguments."""
+
+    backend: str
+    label: str
+    extra: tuple[str, ...] = ()
+
+
+# paged and tagma with identical settings; tagma again with prefix caching off (the warm phase's check)
+ARMS = (Arm("paged", "paged"), Arm("tagma", "tagma"),
+        Arm("tagma", "tagma-no-prefix-cache", ("--no-enable-prefix-caching",)))  # fmt: skip
+
+
+def server_spec(arm: Arm, workdir: Path) -> ServerSpec:
+    return ServerSpec(
         model=str(MODEL),
-        backend=backend,
+        backend=arm.backend,
         dtype="float32",
         max_model_len=MAX_MODEL_LEN,
         num_gpu_blocks_override=NUM_BLOCKS,
         kv_cache_space_gib=1,  # fixes the KV memory (else vLLM for CPU reserves a share of the RAM)
-        extra_args=SERVER_ARGS + extra,
-        env={ENV_TELEMETRY_FILE: str(tel), ENV_TELEMETRY_INTERVAL_S: str(TELEMETRY_INTERVAL_S)},
+        extra_args=SERVER_ARGS + arm.extra,
+        env={
+            ENV_TELEMETRY_FILE: str(workdir / f"{arm.label}-telemetry.jsonl"),
+            ENV_TELEMETRY_INTERVAL_S: str(TELEMETRY_INTERVAL_S),
+        },  # fmt: skip
     )
-    run = Run(backend)
+
+
+def drive(server: Server, plan: Plan) -> Run:
+    """The send plan on one running server, phase by phase, then its drained state."""
+    tel = Path(server.spec.env[ENV_TELEMETRY_FILE])
+    run = Run(server.spec.backend)
     t0 = time.monotonic()
-    with Server(spec, workdir / f"{label}-server.log") as server:
-        run.metrics["start"] = scrape(server)
-        for phase, waves in plan.items():
-            # a pause longer than the telemetry interval: the phase's first step writes a line before it
-            # admits anything, the exact baseline of the phase's counters
-            time.sleep(2 * TELEMETRY_INTERVAL_S)
-            start = time.time()
-            run.tokens.update(asyncio.run(_send_waves(server, waves)))
-            run.phase_t[phase] = (start, time.time())
-            run.metrics[phase] = scrape(server)
-        probe = plan["short"][0][1].prompt
-        if backend == "tagma":
-            # twice: the second line also shows the first probe's blocks freed
-            run.drained = [drained_line(server, tel, probe) for _ in range(2)]
-        run.kv_usage_drained = scrape(server).get("kv_usage", -1.0)
-        run.alive_at_end = server.alive()
+    run.metrics["start"] = scrape(server)
+    for phase, waves in plan.items():
+        # a pause longer than the telemetry interval: the phase's first step writes a line before it
+        # admits anything, the exact baseline of the phase's counters
+        time.sleep(2 * TELEMETRY_INTERVAL_S)
+        start = time.time()
+        run.tokens.update(asyncio.run(_send_waves(server, waves)))
+        run.phase_t[phase] = (start, time.time())
+        run.metrics[phase] = scrape(server)
+    probe = plan["short"][0][1].prompt
+    if server.spec.backend == "tagma":
+        # twice: the second line also shows the first probe's blocks freed
+        run.drained = [drained_line(server, tel, probe) for _ in range(2)]
+    run.kv_usage_drained = scrape(server).get("kv_usage", -1.0)
+    run.alive_at_end = server.alive()
     run.telemetry = read_telemetry(tel)
     run.seconds = time.monotonic() - t0
-    run.log = (workdir / f"{label}-server.log").read_text(errors="replace")
     return run
 
 
@@ -267,21 +286,30 @@ def plan() -> dict[str, list[list[Req]]]:
 
 
 @pytest.fixture(scope="module")
-def runs(plan: dict[str, list[list[Req]]], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    """Both servers, one after the other, each stopped as soon as its send plan is done."""
+def all_runs(plan: Plan, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    """The three servers, started together and driven one after the other (2 cores); each log is read once
+    they all stopped. Caching off, the plan runs up to the warm phase (and its burst): freed blocks become
+    free again instead of staying cached, so placement, not LRU eviction, decides where decode growth goes."""
     workdir = tmp_path_factory.mktemp("server-equivalence")
-    runs = {backend: run_backend(backend, plan, workdir) for backend in ("paged", "tagma")}
-    (workdir / "summary.json").write_text(json.dumps(summarize(runs), indent=1))
-    return runs
+    no_cache = {k: v for k, v in plan.items() if k in ("cold", "short", "long", "warm", "burst")}
+    with serving([(server_spec(a, workdir), workdir / f"{a.label}-server.log") for a in ARMS]) as servers:
+        out = {a.label: drive(s, no_cache if a.extra else plan) for a, s in zip(ARMS, servers, strict=True)}
+    for a in ARMS:
+        out[a.label].log = (workdir / f"{a.label}-server.log").read_text(errors="replace")
+    (workdir / "summary.json").write_text(
+        json.dumps(summarize({b: out[b] for b in ("paged", "tagma")}), indent=1)
+    )
+    return out
 
 
 @pytest.fixture(scope="module")
-def tagma_without_prefix_cache(plan: Plan, tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """The same plan up to the warm phase on tagma with prefix caching off: freed blocks become free
-    again instead of staying cached, so placement, not LRU eviction, decides where decode growth goes."""
-    workdir = tmp_path_factory.mktemp("server-no-prefix-cache")
-    phases = {k: v for k, v in plan.items() if k in ("cold", "short", "long", "warm", "burst")}
-    return run_backend("tagma", phases, workdir, "tagma-no-prefix-cache", ("--no-enable-prefix-caching",))
+def runs(all_runs: dict[str, Run]) -> dict[str, Run]:
+    return {b: all_runs[b] for b in ("paged", "tagma")}
+
+
+@pytest.fixture(scope="module")
+def tagma_without_prefix_cache(all_runs: dict[str, Run]) -> Run:
+    return all_runs["tagma-no-prefix-cache"]
 
 
 def _phase_lines(run: Run, phase: str) -> list[dict[str, Any]]:

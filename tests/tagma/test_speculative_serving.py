@@ -2,8 +2,8 @@
 
 ngram proposes drafts from the request's own tokens, so the KV manager sees a decode step of 1 + k tokens
 whose rejected tail the scheduler takes back off ``num_computed_tokens`` (the next step rewrites those
-slots). Two configurations, each a paged and a tagma server (one after the other: 2 cores) given the same
-requests together:
+slots). Two configurations, each a paged and a tagma server (started together, driven one after the other:
+2 cores) given the same requests together:
 - the tiny Llama with prefix caching on (tagma's prefix manager): prompts share a system prefix, so
   requests hit the cache while others speculate;
 - the tiny Gemma 3 shape (5 window groups to 1 full) with prefix caching off (tagma's group manager:
@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from harness.serve.launcher import Server, ServerSpec
+from harness.serve.launcher import Server, ServerSpec, serving
 from harness.serve.tiny_drafters import build_eagle_drafter
 from harness.serve.tiny_families import FAMILIES, build_family
 from tests.tagma.test_window_serving import _metrics, _post
@@ -44,6 +44,7 @@ pytestmark = pytest.mark.slow
 
 SPECULATIVE = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
                           "prompt_lookup_max": 4})  # fmt: skip
+BACKENDS = ("paged", "tagma")  # started together, driven one after the other (2 cores)
 METRICS = {
     "vllm:num_preemptions_total": "preemptions",
     "vllm:kv_cache_usage_perc": "kv_usage",
@@ -91,13 +92,13 @@ def plan(seed: int = 0) -> list[tuple[list[int], int]]:
     return out
 
 
-def serve(case: Case, model: Path, backend: str, log: Path) -> dict[str, Any]:
+def server_spec(case: Case, model: Path, backend: str) -> ServerSpec:
     args = ["--block-size", "32", "--max-num-seqs", "6", "--max-num-batched-tokens", "512", "--seed", "0",
             "--speculative-config", case.speculative]  # fmt: skip
     if not case.caching:
         args.append("--no-enable-prefix-caching")
     dtype = FAMILIES[case.family].dtype if case.family in FAMILIES else "float32"
-    spec = ServerSpec(
+    return ServerSpec(
         model=str(model),
         backend=backend,
         dtype=dtype,
@@ -106,13 +107,14 @@ def serve(case: Case, model: Path, backend: str, log: Path) -> dict[str, Any]:
         num_gpu_blocks_override=case.pool_blocks,
         extra_args=tuple(args),
     )
-    with Server(spec, log) as server:
-        requests = plan()
-        with ThreadPoolExecutor(len(requests)) as pool:
-            futures = [pool.submit(_post, server.base_url, str(model), p, n) for p, n in requests]
-            tokens = [f.result() for f in futures]
-        after = _metrics(server.base_url, METRICS)
-    return {"tokens": tokens, **after}
+
+
+def drive(model: Path, server: Server) -> dict[str, Any]:
+    requests = plan()
+    with ThreadPoolExecutor(len(requests)) as pool:
+        futures = [pool.submit(_post, server.base_url, str(model), p, n) for p, n in requests]
+        tokens = [f.result() for f in futures]
+    return {"tokens": tokens, **_metrics(server.base_url, METRICS)}
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +124,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tok_dir: Path) -> dict[str, d
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for name, case in CASES.items():
         model = TINY_MODEL if case.family == "llama" else build_family(root / name, case.family, tok_dir)
-        out[name] = {b: serve(case, model, b, root / f"{name}-{b}.log") for b in ("paged", "tagma")}
+        specs = [(server_spec(case, model, b), root / f"{name}-{b}.log") for b in BACKENDS]
+        with serving(specs) as servers:
+            out[name] = {b: drive(model, server) for b, server in zip(BACKENDS, servers, strict=True)}
     summary = {n: {b: {k: v for k, v in r.items() if k != "tokens"} for b, r in arms.items()}
                for n, arms in out.items()}  # fmt: skip
     print("speculative serving:", json.dumps(summary))

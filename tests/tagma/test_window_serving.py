@@ -3,16 +3,15 @@ weights): tagma's group managers generate exactly what paged generates. gpt-oss 
 caching on (vLLM's default; tagma's group prefix manager, the windows' blocks cached at the full group's
 index nodes), Mistral, whose every layer slides, with caching off (with caching on tagma refuses it).
 
-Per family, a paged and a tagma server (one after the other: 2 cores) with the same settings get the same
-requests together: prompts past the window (so window groups drop blocks while prefilling in chunks and
-while decoding), greedy decoding, a KV pool small enough that the scheduler preempts (gpt-oss: one request
-at a time, see MAX_NUM_SEQS). The generated token ids must be identical per request, the pool must have
-preempted, and after the queue drained the tagma server's KV usage is back to zero (no block leaked). With
-caching on, a chain of requests runs one at a time first (a prompt, its resend, two prompts sharing its
-prefix: the window's hit rules and vLLM's sparse window retention decide every hit, with no timing in it),
-and both arms must hit equally; the concurrent wave that follows (caching on or off) is where the pool
-preempts. The paged arm is vLLM's own result: what tagma must
-match."""
+Per family, a paged and a tagma server with the same settings (started together, driven one after the
+other: 2 cores) get the same requests together: prompts past the window (so window groups drop blocks while
+prefilling in chunks and while decoding), greedy decoding, a KV pool small enough that the scheduler preempts
+(gpt-oss: one request at a time, see MAX_NUM_SEQS). The generated token ids must be identical per request,
+the pool must have preempted, and after the queue drained the tagma server's KV usage is back to zero (no
+block leaked). With caching on, a chain of requests runs one at a time first (a prompt, its resend, two
+prompts sharing its prefix: the window's hit rules and vLLM's sparse window retention decide every hit, with
+no timing in it), and both arms must hit equally; the concurrent wave that follows (caching on or off) is
+where the pool preempts. The paged arm is vLLM's own result: what tagma must match."""
 
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from harness.serve.launcher import Server, ServerSpec
+from harness.serve.launcher import Server, ServerSpec, serving
 from harness.serve.server_telemetry import parse_prometheus
 from harness.serve.tiny_families import FAMILIES, build_family
 
@@ -37,6 +36,7 @@ MAX_MODEL_LEN = 2048
 # (Gemma 3's six groups: one 1,500-token request peaks near 290 blocks while its window groups prefill.)
 POOL_BLOCKS = {"gpt-oss": 140, "mistral": 110, "gemma3": 310}
 WINDOW_FAMILIES = tuple(POOL_BLOCKS)
+BACKENDS = ("paged", "tagma")
 # Requests running together per family. gpt-oss runs one at a time: in bfloat16 its greedy tokens depend on
 # which requests share a step, so paged itself is not reproducible with a concurrent wave (3 paged runs of
 # this test's wave here: 2 of the 3 pairs differed, at token 200 of one request and 298 of another), and a
@@ -95,26 +95,28 @@ def _metrics(base_url: str, names: dict[str, str] = METRICS) -> dict[str, float]
         return parse_prometheus(r.read().decode(), names)
 
 
-def serve(name: str, model: Path, backend: str, workdir: Path) -> dict[str, Any]:
+def server_spec(name: str, model: Path, backend: str) -> ServerSpec:
     # kv_cache_space_gib fixes vLLM for CPU's KV memory: without it vLLM reserves a share of the RAM and
     # refuses to start when other processes hold more than the rest (a fresh CI run hit this).
-    spec = ServerSpec(model=str(model), backend=backend, dtype=FAMILIES[name].dtype,
+    return ServerSpec(model=str(model), backend=backend, dtype=FAMILIES[name].dtype,
                       max_model_len=MAX_MODEL_LEN, kv_cache_space_gib=1,
                       num_gpu_blocks_override=POOL_BLOCKS[name],
                       extra_args=(*SERVER_ARGS, "--max-num-seqs", str(MAX_NUM_SEQS[name]),
                                   "--enable-prefix-caching" if PREFIX_CACHING[name]
                                   else "--no-enable-prefix-caching"))  # fmt: skip
-    with Server(spec, workdir / f"{name}-{backend}.log") as server:
-        tokens = []
-        chain_hits = 0.0
-        if PREFIX_CACHING[name]:
-            tokens = [_post(server.base_url, str(model), p, n) for p, n in chain()]
-            chain_hits = _metrics(server.base_url)["prefix_hits"]
-        requests = plan()
-        with ThreadPoolExecutor(len(requests)) as pool:
-            futures = [pool.submit(_post, server.base_url, str(model), p, n) for p, n in requests]
-            tokens += [f.result() for f in futures]
-        after = _metrics(server.base_url)
+
+
+def drive(name: str, model: Path, server: Server) -> dict[str, Any]:
+    tokens = []
+    chain_hits = 0.0
+    if PREFIX_CACHING[name]:
+        tokens = [_post(server.base_url, str(model), p, n) for p, n in chain()]
+        chain_hits = _metrics(server.base_url)["prefix_hits"]
+    requests = plan()
+    with ThreadPoolExecutor(len(requests)) as pool:
+        futures = [pool.submit(_post, server.base_url, str(model), p, n) for p, n in requests]
+        tokens += [f.result() for f in futures]
+    after = _metrics(server.base_url)
     return {"tokens": tokens, "chain_hits": chain_hits, **after}
 
 
@@ -124,7 +126,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tok_dir: Path) -> dict[str, d
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for name in WINDOW_FAMILIES:
         model = build_family(root / name, name, tok_dir)
-        out[name] = {backend: serve(name, model, backend, root) for backend in ("paged", "tagma")}
+        specs = [(server_spec(name, model, b), root / f"{name}-{b}.log") for b in BACKENDS]
+        with serving(specs) as servers:
+            out[name] = {b: drive(name, model, server) for b, server in zip(BACKENDS, servers, strict=True)}
     summary = {n: {b: {k: v for k, v in r.items() if k != "tokens"} for b, r in arms.items()}
                for n, arms in out.items()}  # fmt: skip
     print("window serving:", json.dumps(summary))
