@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from harness.analysis.statistics import Comparison
 from harness.regime.analysis import mde
 from harness.regime.collect import collect, structure_problems
 from harness.regime.findings import load_sources, render, untraced_rows
+from tests.conftest import SMOKE_MAP_OVERRIDES
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = Path(__file__).resolve().parent / "data" / "regime_map_smoke.json"
@@ -113,23 +113,11 @@ def test_structure_problems_name_what_is_missing() -> None:
 
 
 @pytest.mark.slow
-def test_the_smoke_map_runs_end_to_end_on_real_servers(tmp_path: Path, tok_dir: Path) -> None:
+def test_the_smoke_map_runs_end_to_end_on_real_servers(tmp_path: Path, smoke_map: Path) -> None:
     """make regime-map PROFILE=smoke with one lifetime per arm (CI's time; the profile's 2 per arm add only
-    intervals): the group summary, the collected record, FINDINGS.md from it; then a re-run resumes (no
-    server starts)."""
-    del tok_dir  # the tiny model exists (conftest builds it)
-    map_dir = tmp_path / "map"
-    cmd = [
-        sys.executable,
-        "-m",
-        "harness.regime.main",
-        "--multirun",
-        "regime=smoke",
-        "map_id=ci-smoke",
-        f"map_dir={map_dir}",
-        "regime.repeats=1",
-    ]
-    subprocess.run(cmd, cwd=REPO, check=True, timeout=1800)
+    intervals; the session's run, tests/conftest.py): the group summary, the collected record, FINDINGS.md
+    from it; then a re-run resumes (no server starts)."""
+    map_dir = smoke_map
     record = collect(map_dir)
     assert structure_problems(record) == []
     (job,) = record["jobs"]
@@ -157,6 +145,8 @@ def test_the_smoke_map_runs_end_to_end_on_real_servers(tmp_path: Path, tok_dir: 
     doc = render(sources, tmp_path / "FINDINGS.md", tmp_path / "figures").read_text()
     assert untraced_rows(doc, sources) == []
     before = sorted((map_dir / "prefix-on" / "lifetimes").rglob("a*"))
-    subprocess.run(cmd, cwd=REPO, check=True, timeout=600)  # resume: every segment is done
+    # resume, as a user re-runs it (Hydra's basic launcher this time): every segment is done
+    cmd = [sys.executable, "-m", "harness.regime.main", "--multirun", *SMOKE_MAP_OVERRIDES,
+           f"map_dir={map_dir}", f"hydra.sweep.dir={tmp_path / 'resume'}"]  # fmt: skip
+    subprocess.run(cmd, cwd=REPO, check=True, timeout=600)
     assert sorted((map_dir / "prefix-on" / "lifetimes").rglob("a*")) == before
-    shutil.rmtree(map_dir, ignore_errors=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import SMOKE_MAP_OVERRIDES
 from tests.harness.multirun import run_multirun, slurm_overrides, submitit_job_ids, tree_structure
 from tests.harness.slurm_cluster import LocalSlurm, local_slurm_cluster, unavailable_reason
 
@@ -79,26 +80,22 @@ def _without_pids(tree: dict[str, set[str] | None]) -> dict[str, set[str] | None
 
 
 @pytest.mark.slow
-def test_regime_smoke_cells_through_slurm_match_local(slurm: LocalSlurm, tmp_path: Path) -> None:
-    """The regime map's smoke group (one server lifetime per arm) as a SLURM job and as a local one: the same
-    map folder structure (lifetimes, cells' runs, group summary, host-time files)."""
-    for cluster in ("slurm", "local"):
-        launcher = slurm_overrides(slurm.partition, timeout_min=20) if cluster == "slurm" else []
-        overrides = [
-            "regime=smoke",
-            "regime.repeats=1",
-            "map_id=ci-slurm",
-            f"map_dir={tmp_path / cluster / 'map'}",
-        ]
-        try:
-            run_multirun(
-                "harness.regime.main", overrides, cluster=cluster, sweep_dir=tmp_path / cluster / "sweep",
-                launcher_overrides=launcher, env=slurm.env if cluster == "slurm" else None, timeout_s=1200,
-            )  # fmt: skip
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{slurm.logs() if cluster == 'slurm' else ''}") from None
-    assert_ran_on_slurm(slurm, tmp_path / "slurm" / "sweep", jobs=1)
-    on_slurm, local = (_without_pids(tree_structure(tmp_path / c / "map")) for c in ("slurm", "local"))
+def test_regime_smoke_cells_through_slurm_match_local(
+    slurm: LocalSlurm, tmp_path: Path, smoke_map: Path
+) -> None:
+    """The regime map's smoke group (one server lifetime per arm) as a SLURM job and as a local one (the
+    session's run through `+cluster=local`, tests/conftest.py): the same map folder structure (lifetimes,
+    cells' runs, group summary, host-time files)."""
+    try:
+        run_multirun(
+            "harness.regime.main", [*SMOKE_MAP_OVERRIDES, f"map_dir={tmp_path / 'map'}"], cluster="slurm",
+            sweep_dir=tmp_path / "sweep", launcher_overrides=slurm_overrides(slurm.partition, timeout_min=20),
+            env=slurm.env, timeout_s=1200,
+        )  # fmt: skip
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{slurm.logs()}") from None
+    assert_ran_on_slurm(slurm, tmp_path / "sweep", jobs=1)
+    on_slurm, local = (_without_pids(tree_structure(d)) for d in (tmp_path / "map", smoke_map))
     assert (
         "prefix-on/group_summary.json" in local
         and "prefix-on/cells/mooncake/runs/01-candidate-tagma/status.json" in local
