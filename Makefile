@@ -69,8 +69,11 @@ tiny-model: setup
 test-cpp: $(ENGINE_LIB)
 	build/release/tagma_tests
 
+# Two pytest-xdist workers, whole files each, longest first (tests/parallel.py): most of the suite is vLLM
+# servers starting and decoding on one core each. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: setup tiny-model test-cpp
-	$(PY) -m pytest tests
+	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) tests
 
 test-fast: setup tiny-model test-cpp
 	$(PY) -m pytest tests -m "not slow"
