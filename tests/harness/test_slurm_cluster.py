@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,9 @@ HOST_SMOKE = [
     "size=smoke", "point_latest=false", "native.enabled=false", "sections=[prefix_index]", "seed=0,1",
     "run_id=job${hydra:job.num}",
 ]  # fmt: skip
+
+
+RUNNING_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING")
 
 
 def in_ci() -> bool:
@@ -44,12 +48,23 @@ def assert_ran_on_slurm(cluster: LocalSlurm, sweep_dir: Path, jobs: int) -> None
     job_ids = submitit_job_ids(sweep_dir)
     # several jobs go as one array (ARRAYID_TASK); a sweep of one job is a plain job (JOBID)
     assert len(job_ids) == jobs and all(re.fullmatch(r"\d+(_\d+)?", j) for j in job_ids), job_ids
-    ctld_log = cluster.ctld_log.read_text()
     for job_id in job_ids:
-        info = cluster.run("scontrol", "show", "job", job_id)
+        info = finished_job(cluster, job_id)
         assert "JobState=COMPLETED" in info and f"Partition={cluster.partition}" in info, info
         logged = rf"JobId={job_id}\(\d+\) done" if "_" in job_id else rf"JobId={job_id} done"
-        assert re.search(logged, ctld_log), f"{job_id} not in slurmctld's log"
+        assert re.search(logged, cluster.ctld_log.read_text()), f"{job_id} not in slurmctld's log"
+
+
+def finished_job(cluster: LocalSlurm, job_id: str, timeout_s: float = 120.0) -> str:
+    """`scontrol show job` once the job has left the running states. submitit returns as soon as the job has
+    written its result, while its step may still be exiting (RUNNING, then COMPLETING)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = cluster.run("scontrol", "show", "job", job_id)
+        state = re.search(r"JobState=(\w+)", info)
+        if (state and state.group(1) not in RUNNING_STATES) or time.monotonic() > deadline:
+            return info
+        time.sleep(1.0)
 
 
 @pytest.mark.slow

@@ -108,6 +108,12 @@ def test_drain_and_rss_checks() -> None:
     )
     assert not rss_bounded({"baseline": flat, "candidate": growing}, 16.0)["ok"]
     assert rss_bounded({"baseline": growing, "candidate": flat}, 16.0)["ok"]
+    # a shrinking baseline counts as flat: the candidate is held to its own growth, no more, no less
+    shrinking = rss_trend(t, [900 * 2**20 - 4 * i * 2**20 for i in t], 0.3, 16.0)
+    small = rss_trend(t, [500 * 2**20 + i * 2**20 // 10 for i in t], 0.3, 16.0)
+    assert shrinking["fitted_growth_mib"] < -16 and 0 < small["fitted_growth_mib"] < 16
+    assert rss_bounded({"baseline": shrinking, "candidate": small}, 16.0)["ok"]
+    assert not rss_bounded({"baseline": shrinking, "candidate": growing}, 16.0)["ok"]
     unfit = rss_bounded({"baseline": rss_trend([], [], 0.3, 16.0), "candidate": flat}, 16.0)
     assert not unfit["ok"] and unfit["reason"] == "no RSS samples"
 
