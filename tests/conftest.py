@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.serve import tiny_model
-from harness.serve.launcher import ENV_ENFORCE_EAGER
+from tagma.contract import ENV_ENFORCE_EAGER
 from tests import parallel
 
 # Every vLLM server the tests start (here, in the harness, in subprocesses) skips torch.compile: tests check

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-# Test files by wall time in `make test`, longest first (a fresh clone on a 2-core AMD EPYC, 2026-12-06, one
-# worker, servers --enforce-eager). Files not listed are short and follow in collection order.
+# Test files by wall time in `make test`, longest first: the order of CI's serial, compiled run of 03dd80d on
+# a 2-core AMD EPYC (its pytest folders' times), checked against the two-worker eager run's --durations
+# (2026-12-06). Files not listed are short and follow in collection order.
 LONGEST_FIRST = (
     "tests/tagma/test_speculative_serving.py",
     "tests/tagma/test_window_serving.py",
