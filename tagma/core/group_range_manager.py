@@ -36,12 +36,11 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, MambaSp
 from vllm.v1.request import Request
 
 from tagma.core.block_pool import RangeRelease
-from tagma.core.manager import NO_TOKENS_MESSAGE, WAITING_STATUSES, TagmaKVCacheManager
+from tagma.core.manager import NO_TOKENS_MESSAGE, WAITING_STATUSES, RefusedPerRequestMap, TagmaKVCacheManager
 from tagma.core.range_manager import ids_from_runs
 from tagma.errors import TagmaUnsupported
 
 __all__ = ["GroupBlocks", "GroupRangeKVCacheManager", "GroupRangeRelease"]
-
 
 
 class GroupRangeRelease(RangeRelease):
@@ -108,17 +107,6 @@ class GroupBlocks(KVCacheBlocks):
         return f"GroupBlocks({self._groups!r})"
 
 
-class _NoBlockLists(dict):  # type: ignore[type-arg]
-    """vLLM's per-request ``req_to_blocks`` on each single-type manager: the group manager keeps no block
-    lists (a window group's dropped blocks are a count); reading a request's list is refused with a clear
-    message instead of answering with an empty one."""
-
-    def __missing__(self, key: Any) -> Any:
-        raise TagmaUnsupported(
-            f"req_to_blocks[{key!r}]: tagma's group manager keeps no per-request block lists"
-        )
-
-
 def _window(single: Any) -> int | None:
     """The window in SlidingWindowManager's skipped-token formula (computed - window + 1): a window group's
     own, 2 for a state group (MambaManager skips computed - 1), None for full attention."""
@@ -175,7 +163,7 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
         super().__init__(kv_cache_config, max_model_len, *args, **kwargs)
         self._managers = tuple(self.coordinator.single_type_managers)
         for single in self._managers:
-            single.req_to_blocks = _NoBlockLists()
+            single.req_to_blocks = RefusedPerRequestMap("req_to_blocks", "block lists")
         self._block_sizes = tuple(m.block_size for m in self._managers)
         # Per group: (window or None, block size, vLLM's recycling-aware admission cap or None, extra tokens).
         # The skipped tokens of a window group are vLLM's SlidingWindowManager.get_num_skipped_tokens with no

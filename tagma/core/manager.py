@@ -41,6 +41,7 @@ from tagma.probes.telemetry import Telemetry
 __all__ = [
     "ENV_POLICY",
     "SIGNATURE",
+    "RefusedPerRequestMap",
     "TagmaKVCacheManager",
     "reserve_admission",
     "resolve_policy",
@@ -54,6 +55,23 @@ SIGNATURE = inspect.signature(KVCacheManager.__init__)
 # Shared by every manager: the statuses that pay the watermark, and vLLM's message for an empty allocation
 WAITING_STATUSES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 NO_TOKENS_MESSAGE = "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
+
+
+class RefusedPerRequestMap(dict):  # type: ignore[type-arg]
+    """A per-request map of vLLM's single-type managers (``req_to_blocks``, ``num_cached_block``) that a
+    range manager does not keep: ``len``, ``get`` and iteration see it empty, and reading a request's entry is
+    refused by name, where vLLM's defaultdict would answer with an empty list that looks like a real one."""
+
+    __slots__ = ("_what",)
+
+    def __init__(self, name: str, contents: str) -> None:
+        super().__init__()
+        self._what = (name, contents)
+
+    def __missing__(self, key: Any) -> Any:
+        name, contents = self._what
+        raise TagmaUnsupported(f"{name}[{key!r}]: tagma's range managers keep no per-request {contents}")
+
 
 # Most specific first: MLAAttentionSpec subclasses FullAttentionSpec.
 _SPEC_FEATURES: tuple[tuple[type, str], ...] = (

@@ -42,7 +42,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.request import Request
 
 from tagma.contract import DEFAULT_PREFIX_EVICTION, ENV_PLACEMENT, ENV_PREFIX_EVICTION
-from tagma.core.manager import NO_TOKENS_MESSAGE, SIGNATURE, WAITING_STATUSES
+from tagma.core.manager import NO_TOKENS_MESSAGE, SIGNATURE, WAITING_STATUSES, RefusedPerRequestMap
 from tagma.core.range_manager import RangeBlocks, RangeKVCacheManager
 from tagma.engine import Policy, _raise
 from tagma.engine.prefix_index import EvictionMode, PrefixIndex
@@ -74,16 +74,6 @@ def request_namespace(index: PrefixIndex, default_ns: int, request: Request) -> 
     if lora is None and not salt:
         return default_ns
     return index.namespace((salt or None, lora.lora_name if lora else None, lora.lora_path if lora else None))
-
-
-class _NoBlockBookkeeping(dict):  # type: ignore[type-arg]
-    """vLLM's per-request ``num_cached_block`` on the single-type manager: tagma keeps none (the engine's
-    prefix index knows what is cached); reading a request's entry is refused with a clear message."""
-
-    def __missing__(self, key: Any) -> Any:
-        raise TagmaUnsupported(
-            f"num_cached_block[{key!r}]: tagma's range managers keep no per-request block bookkeeping"
-        )
 
 
 class HitBlocks(KVCacheBlocks):
@@ -202,7 +192,7 @@ class PrefixKVCacheManager(RangeKVCacheManager):
         self._stats_p = self.engine._stats_p
         self._max_hit = max(self.block_pool.num_gpu_blocks - 1, 0)
         (single,) = self.coordinator.single_type_managers
-        single.num_cached_block = _NoBlockBookkeeping()
+        single.num_cached_block = RefusedPerRequestMap("num_cached_block", "block bookkeeping")
         self._default_ns = self.index.namespace((None, None, None))
         self._ns: dict[str, int] = {}  # request id -> namespace of its blocks
         self._indexed: dict[str, int] = {}  # request id -> full blocks asked to be indexed (_LOST: none)

@@ -42,7 +42,13 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.request import Request
 
 from tagma.core.block_pool import RangeRelease
-from tagma.core.manager import NO_TOKENS_MESSAGE, WAITING_STATUSES, TagmaKVCacheManager, reserve_admission
+from tagma.core.manager import (
+    NO_TOKENS_MESSAGE,
+    WAITING_STATUSES,
+    RefusedPerRequestMap,
+    TagmaKVCacheManager,
+    reserve_admission,
+)
 from tagma.engine import AppendBatch, I32Array, NoSpaceError, Policy, TagmaError, _raise, hot_function
 from tagma.errors import TagmaUnsupported
 
@@ -172,6 +178,7 @@ class RangeKVCacheManager(TagmaKVCacheManager):
         if self.enable_caching:
             raise ValueError("tagma: RangeKVCacheManager serves prefix caching off only")
         (single,) = self.coordinator.single_type_managers
+        single.req_to_blocks = RefusedPerRequestMap("req_to_blocks", "block lists")
         self.block_size: int = single.block_size
         self._held: dict[str, int] = {}  # request id -> blocks it holds (engine handle: pool._engine_reqs)
         self._zeroing: bool = bool(single.records_new_block_ids)

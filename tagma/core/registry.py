@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -40,6 +41,7 @@ from tagma.core.group_range_manager import GroupRangeKVCacheManager
 from tagma.core.manager import SIGNATURE, TagmaKVCacheManager
 from tagma.core.prefix_manager import PrefixKVCacheManager
 from tagma.core.range_manager import RangeKVCacheManager
+from tagma.errors import TagmaUnsupported
 from tagma.selector import range_manager_enabled
 
 __all__ = [
@@ -120,4 +122,24 @@ def build_kv_cache_manager(*args: Any, **kwargs: Any) -> TagmaKVCacheManager:
     variant = manager_variant(bool(bound.arguments.get("enable_caching", True)))
     if variant == RANGES and eviction is not None:
         raise TypeError("prefix_eviction applies with prefix caching on only")
-    return get_manager_class(bound.arguments["kv_cache_config"], variant)(*args, **kwargs)
+    try:
+        return get_manager_class(bound.arguments["kv_cache_config"], variant)(*args, **kwargs)
+    except TagmaUnsupported as refusal:
+        raise_vllm_error_first(refusal, args, options)
+        raise
+
+
+def raise_vllm_error_first(refusal: TagmaUnsupported, args: tuple[Any, ...], options: dict[str, Any]) -> None:
+    """Raise vLLM's own validation error (a ``ValueError``) for these arguments, if its ``KVCacheManager``
+    raises one: a configuration vLLM rejects (a retention interval that is not a multiple of the scheduler's
+    block size) gets vLLM's message, not tagma's refusal of a feature the user could not have used anyway.
+    vLLM's internal assertions and other errors are not answers to the user: the refusal stands. Returns
+    when no ``ValueError`` came (the caller raises the refusal); the probe manager is dropped. Runs only on
+    the refusal path."""
+    try:
+        KVCacheManager(*args, **options)
+    except ValueError as err:
+        if not isinstance(err, TagmaUnsupported):
+            raise err from refusal
+    except Exception:  # noqa: BLE001, S110 - not vLLM's validation: tagma's refusal is the answer
+        pass

@@ -132,3 +132,37 @@ def test_reserve_admission_setting_is_checked() -> None:
     for bad in ("101", "50/0", "x"):
         with pytest.raises(ValueError, match=ENV_RESERVE_ADMISSION):
             reserve_admission(bad)
+
+
+def test_a_configuration_vllm_rejects_gets_vllms_error_not_a_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refused feature (KV cache events, caching on) in a configuration vLLM itself rejects (a prefix-cache
+    retention interval on a model with no window or state group): the user gets vLLM's ValueError, chained
+    from tagma's refusal. vLLM's internal assertions (a negative watermark) leave the refusal standing, as do
+    valid arguments."""
+    monkeypatch.undo()  # the prefix-index manager (it refuses events), not this file's block-object manager
+    config = make_config(16)
+    config.prefix_cache_retention_interval = 32
+    with pytest.raises(ValueError, match="^prefix_cache_retention_interval is set") as rejected:
+        build_kv_cache_manager(config, **manager_kwargs(enable_kv_cache_events=True))
+    assert "tagma: unsupported: KV cache events" in str(rejected.value.__cause__)
+    for extra in ({}, {"watermark": -0.5}):
+        with pytest.raises(ValueError, match="^tagma: unsupported: KV cache events"):
+            build_kv_cache_manager(make_config(16), **manager_kwargs(enable_kv_cache_events=True, **extra))
+
+
+@pytest.mark.parametrize("enable_caching", [False, True])
+def test_reading_per_request_block_lists_is_refused_by_name(
+    enable_caching: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The range managers keep no block list per request: vLLM's ``req_to_blocks`` (and, caching on,
+    ``num_cached_block``) answer a request's entry with a refusal, not with the empty list a defaultdict
+    would give; length and ``get`` still read as empty."""
+    monkeypatch.undo()  # the range managers, not the block-object manager this file's fixture picks
+    manager = build_kv_cache_manager(make_config(16), **manager_kwargs(enable_caching=enable_caching))
+    assert isinstance(manager, RangeKVCacheManager)
+    (single,) = manager.coordinator.single_type_managers
+    maps = [single.req_to_blocks] + ([single.num_cached_block] if enable_caching else [])
+    for per_request in maps:
+        assert len(per_request) == 0 and per_request.get("r0") is None
+        with pytest.raises(ValueError, match=r"^tagma: unsupported: \w+\['r0'\]: .* keep no per-request"):
+            per_request["r0"]
