@@ -8,8 +8,9 @@ runtime only; vLLM's files stay as released:
   the hub is switched off (HF_HUB_OFFLINE=1: tests that need a hub model fail fast instead of retrying);
 - `tblib`, which vLLM's root conftest imports for cross-process traceback pickling, is stubbed when absent;
 - with `TAGMA_CONFORMANCE_KV_MANAGER=module:Class` set, every test runs with that class in place of
-  `vllm.v1.core.sched.scheduler.KVCacheManager` (the name `Scheduler.__init__` builds its manager from).
-  This reaches schedulers built in the test process only, not an engine core started by an e2e test;
+  `vllm.v1.core.sched.scheduler.KVCacheManager` (the name `Scheduler.__init__` builds its manager from) and
+  of the test module's own `KVCacheManager` (white-box tests that build the manager directly). This
+  reaches managers built in the test process only, not an engine core started by an e2e test;
 - with `TAGMA_CONFORMANCE_DENYLIST=path.json`, denied tests are skipped or expected to fail (see
   `load_denylist`: a flat {"node id or prefix": "reason"} skips; a grouped file can instead require a
   specific failure, e.g. tagma's "tagma: unsupported: ..." refusal, and reports it as xfailed);
@@ -322,6 +323,11 @@ def _tagma_swap_kv_cache_manager(request: pytest.FixtureRequest, monkeypatch: py
     cls = getattr(request.config, "_tagma_kv_manager", None)
     if cls is not None:
         import vllm.v1.core.sched.scheduler as sched
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
 
         monkeypatch.setattr(sched, "KVCacheManager", request.config._tagma_factory)
+        # White-box tests (test_prefix_caching.py) build `KVCacheManager(...)` by the name they imported.
+        module = getattr(request, "module", None)
+        if module is not None and getattr(module, "KVCacheManager", None) is KVCacheManager:
+            monkeypatch.setattr(module, "KVCacheManager", request.config._tagma_factory)
     yield
