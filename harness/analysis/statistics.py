@@ -131,12 +131,16 @@ def _betacf(a: float, b: float, x: float) -> float:
 
 def _betainc(a: float, b: float, x: float) -> float:
     """Regularized incomplete beta I_x(a, b)."""
+    if math.isnan(x):
+        raise ValueError("the incomplete beta of NaN")
     if x <= 0.0:
         return 0.0
     if x >= 1.0:
         return 1.0
     log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
+    # At the boundary itself the continued fraction is taken directly: the mirrored call would land on the
+    # same boundary and never return (t = 1 with 1 degree of freedom is exactly there).
+    if x <= (a + 1.0) / (a + b + 2.0):
         return math.exp(log_front) * _betacf(a, b, x) / a
     return 1.0 - _betainc(b, a, 1.0 - x)
 

@@ -43,6 +43,10 @@ def test_t_p_values() -> None:
     assert t_two_sided_p(-2.0, 5) == t_two_sided_p(2.0, 5)
     assert t_two_sided_p(0.0, 3) == 1.0 and t_two_sided_p(math.inf, 3) == 0.0
     assert t_two_sided_p(1.5, 7.5) < t_two_sided_p(1.5, 2.5)  # fractional df (Welch) and heavier tails
+    # df = 1 is Cauchy: p = 1 - 2 atan(t) / pi. t = 1 sits on the incomplete beta's own boundary (x = 1/2 with
+    # a = b = 1/2), where the mirrored evaluation used to recurse forever.
+    for t in (0.5, 1.0, 3.0):
+        assert t_two_sided_p(t, 1) == pytest.approx(1 - 2 * math.atan(t) / math.pi, rel=1e-10)
     with pytest.raises(ValueError):
         t_two_sided_p(1.0, 0)
     with pytest.raises(ValueError):
