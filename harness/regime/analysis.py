@@ -122,6 +122,14 @@ def analyse_cell(cell_dir: Path, n_boot: int = 200) -> dict[str, Any]:
             if r["status"] != "ok"
         ],
         "metrics": metrics,
+        # each lifetime's own values in run order (index = its place in the ABBA order): an order effect shows
+        # here, where the arms' means hide it
+        "per_run": [
+            {"run": Path(r["dir"]).name, "index": r.get("index"), "arm": r.get("arm"),
+             **{m: r["summary"].get(m) for m in MAP_PRIMARY}}
+            for r in runs
+            if r["status"] == "ok"
+        ],  # fmt: skip
         "host": {c.metric: _row(c, alpha) for c in host_rows},
         "composition": comp,
         "prediction": {

@@ -23,6 +23,7 @@ from harness.regime.figures import write_figures
 from harness.regime.gpu_text import gpu_run_problems
 from harness.regime.host_text import host_run_problems
 from harness.regime.inserver_text import inserver_aa_problems
+from harness.regime.pooled_text import POOLED_ROW
 from harness.regime.text import document
 
 __all__ = ["load_sources", "main", "render", "run_ids", "untraced_rows"]
@@ -75,7 +76,9 @@ def untraced_rows(document: str, sources: dict[str, Any]) -> list[str]:
         line for i, line in enumerate(lines)
         if line.startswith("| ") and not line.startswith("| group") and i not in headers
     ]
-    rows = [r for r in rows if not r.startswith(("| GPU |", "| kernel |")) and any(ch.isdigit() for ch in r)]
+    # GPU rows name their run in the section's text; pooled rows are computed from the per-job rows below.
+    skipped = ("| GPU |", "| kernel |", POOLED_ROW)
+    rows = [r for r in rows if not r.startswith(skipped) and any(ch.isdigit() for ch in r)]
     return [r for r in rows if not any(f"| {rid} |" in r for rid in ids)]
 
 

@@ -15,6 +15,7 @@ from harness.regime.gpu_text import gpu_answer, gpu_kernels, gpu_projection
 from harness.regime.gpu_text import pct as _pct
 from harness.regime.host_text import host_answer, host_section
 from harness.regime.inserver_text import inserver_aa_answer, inserver_aa_section
+from harness.regime.pooled_text import order_section, pooled_answer, pooled_section
 
 __all__ = ["document", "fmt_metric", "headline"]
 
@@ -88,6 +89,7 @@ def _answer(maps: Sequence[dict[str, Any]], sources: Mapping[str, Any]) -> list[
             )
     else:
         lines.append("- No cell shows a supported difference in what a user sees.")
+    lines += pooled_answer(maps)
     if h["mdes"]:
         best, worst = h["mdes"][0], h["mdes"][-1]
         lines.append(
@@ -231,6 +233,8 @@ def document(sources: Mapping[str, Any], figures: Mapping[str, str]) -> str:
     ):
         if key in figures:
             lines += [f"![{title}]({figures[key]})", ""]
+    lines += pooled_section(maps, sources.get("pooled_notes", []))
+    lines += order_section(maps)
     lines += [
         "## Calibration: A/A (paged vs paged) at the same sizes",
         "",
