@@ -159,10 +159,15 @@ class MapSpec:
     aa_groups: tuple[str, ...] = ()
     primary_metrics: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    # lifetimes started, loaded and stopped unmeasured before each job's first measured one (harness.regime
+    # .driver): the first lifetime of a job ran slower than the rest (FINDINGS.md, the A/A order check)
+    warmup_lifetimes: int = 1
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if self.warmup_lifetimes < 0:
+            raise ValueError(f"warmup_lifetimes must be >= 0, got {self.warmup_lifetimes}")
         names = {g.name for g in self.groups}
         if unknown := sorted(set(self.aa_groups) - names):
             raise ValueError(f"aa_groups names no group: {unknown}")

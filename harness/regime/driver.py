@@ -5,6 +5,9 @@ Layout of a group's directory (``<map dir>/<group>`` or ``<map dir>/<group>-aa``
   rates.json                                   open cells' request rates, fixed once from the baseline's runs
   lifetimes/NN-<arm>-<backend>/aK/             one server process (attempt K of lifetime NN): server.log,
                                                host_time.*.jsonl, status.json
+  lifetimes/warmup-<arm>-<backend>/aK/         an unmeasured lifetime before a call's first measured one
+                                               (``warmup_lifetimes``): the first server of a job ran
+                                               slower than the rest, so it takes that place unrecorded
   cells/<cell>/config.json, workload.json      the cell as a plain A/B run directory (what analysis reads)
   cells/<cell>/runs/NN-<arm>-<backend>/        the cell's segment of lifetime NN: requests.jsonl,
                                                summary.json, telemetry.jsonl, status.json (with the
@@ -82,8 +85,10 @@ class GroupRun:
         repeats: int,
         primary_metrics: tuple[str, ...],
         profile: str,
+        warmup_lifetimes: int = 1,
     ) -> None:
         self.group, self.dir, self.repeats, self.profile = group, out_dir, repeats, profile
+        self.warmup_lifetimes = warmup_lifetimes
         server = dataclasses.replace(
             base.server,
             max_model_len=group.max_model_len,
@@ -206,14 +211,44 @@ class GroupRun:
         """Every lifetime in ABBA order (skipping what is done). Returns every segment's status."""
         self.prepare()
         order = abba_order(self.repeats, *self.base.arms)
-        for index, arm in enumerate(tqdm(order, desc=f"{self.group.name}: lifetimes", unit="lifetime")):
-            if self.pending(index, arm):
-                self.lifetime(index, arm)
+        todo = [(index, arm) for index, arm in enumerate(order) if self.pending(index, arm)]
+        if todo:
+            for _ in range(self.warmup_lifetimes):
+                self.warmup_lifetime(todo[0][1])
+        for index, arm in tqdm(todo, desc=f"{self.group.name}: lifetimes", unit="lifetime"):
+            self.lifetime(index, arm)
         return [
             read_json(p)
             for c in self.group.cells
             for p in sorted((self.dir / "cells" / c.name / "runs").glob("*/status.json"))
         ]
+
+    def warmup_lifetime(self, arm: Arm) -> None:
+        """A lifetime nobody measures, before the first measured one of this call: the server starts, warms
+        up, serves the first closed cell's workload once and stops; only its status and server log are kept.
+        In an A/A of 8 lifetimes per arm (profile aa_order) the job's first lifetime was the slowest (ABBA
+        puts the baseline first, so the baseline paid it): this lifetime pays it instead. A warm-up that
+        fails is recorded and the job goes on."""
+        root = self.dir / "lifetimes" / f"warmup-{arm.name}-{arm.backend}"
+        attempt = 1 + len(list(root.glob("a*"))) if root.exists() else 1
+        life_dir = root / f"a{attempt}"
+        server = ServerRun(self.base, arm, -1, life_dir)
+        cell = next((c for c in self.group.cells if c.load == "closed"), None)
+        reason: str | None = None
+        try:
+            with server:
+                server.warm_up(self.workloads["__warmup__"])
+                if cell is not None:
+                    wl = self.workloads[cell.name]
+                    bar = tqdm(total=len(wl.requests), leave=False, unit="req", desc=f"warm-up {cell.name}")
+                    with pinned(server.client_cores()), bar:
+                        asyncio.run(replay_workload(self.cell_config(cell), server.base_url, wl, bar))
+        except Exception as e:  # noqa: BLE001 - unmeasured: recorded, the measured lifetimes go on
+            reason = f"{type(e).__name__}: {e}"
+        write_json(
+            life_dir / "status.json",
+            {**server.status, "status": "warmup", "reason": reason, "cell": cell.name if cell else None},
+        )
 
     def lifetime(self, index: int, arm: Arm) -> None:
         root = self.dir / "lifetimes" / run_dir_name(index, arm)

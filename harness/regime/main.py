@@ -43,6 +43,7 @@ def map_spec(regime: dict[str, Any]) -> MapSpec:
         groups=tuple(groups),
         repeats=int(regime.get("repeats", 2)),
         aa_groups=tuple(regime.get("aa_groups") or ()),
+        warmup_lifetimes=int(regime.get("warmup_lifetimes", 1)),
     )
 
 
@@ -69,7 +70,7 @@ def run_job(cfg: BenchConfig, spec: MapSpec, job: str, out_dir: Path) -> Path:
     write_json(out_dir / "environment.json", environment())
     t0 = time.perf_counter()
     try:
-        GroupRun(cfg, group, out_dir, spec.repeats, (), spec.profile).run()
+        GroupRun(cfg, group, out_dir, spec.repeats, (), spec.profile, spec.warmup_lifetimes).run()
     finally:  # wall time adds up over resumed calls
         wall_path = out_dir / "wall.json"
         before = read_json(wall_path)["wall_s"] if wall_path.exists() else 0.0

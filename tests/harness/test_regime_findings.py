@@ -116,7 +116,7 @@ def test_structure_problems_name_what_is_missing() -> None:
 def test_the_smoke_map_runs_end_to_end_on_real_servers(tmp_path: Path, smoke_map: Path) -> None:
     """make regime-map PROFILE=smoke with one lifetime per arm (CI's time; the profile's 2 per arm add only
     intervals; the session's run, tests/conftest.py): the group summary, the collected record, FINDINGS.md
-    from it; then a re-run resumes (no server starts)."""
+    from it; then a re-run resumes (no server starts, the warm-up lifetime included)."""
     map_dir = smoke_map
     record = collect(map_dir)
     assert structure_problems(record) == []
@@ -139,6 +139,13 @@ def test_the_smoke_map_runs_end_to_end_on_real_servers(tmp_path: Path, smoke_map
             steps = host_steps(run)
             assert steps is not None and len(steps["end_ns"]), run["dir"]
             assert steps["end_ns"].max() >= int(run["replay_end_ns"]) - 500_000_000, run["dir"]
+    # one unmeasured lifetime came first (the first server of a job ran slower: warmup_lifetimes), served the
+    # first closed cell, and wrote nothing into the cells
+    warmups = sorted((map_dir / "prefix-on" / "lifetimes").glob("warmup-*/a*/status.json"))
+    assert [p.parent.parent.name for p in warmups] == ["warmup-baseline-paged"]
+    warm = json.loads(warmups[0].read_text())
+    assert warm["status"] == "warmup" and warm["reason"] is None and warm["cell"] == "c1-p1024"
+    assert not list((map_dir / "prefix-on" / "cells").glob("*/runs/*warmup*"))
     rates = json.loads((map_dir / "prefix-on" / "rates.json").read_text())
     assert rates["open0.8-p1024"]["rate"] > 0
     sources = load_sources(sources_for(tmp_path, record))
