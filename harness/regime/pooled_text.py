@@ -58,10 +58,11 @@ def pooled_answer(maps: Sequence[dict[str, Any]]) -> list[str]:
         else "its A/A, pooled the same way, made no false call"
     )
     jobs = result["all"]["families"]["ab"][0]
+    corrected = "; ".join(f"{r['metric']} {_cell(r)}" for r in result["all"]["families"]["ab_over_aa"])
     return [
         f"- Pooled over the map ({jobs['jobs']} A/B jobs, {jobs['cells']} cells; the average measured "
         f"regime, below): {verdicts}; no metric's interval reaches past {_pct(bound)} of paged's value; "
-        f"{calib}."
+        f"{calib}. With the A/A's lean taken out (A/B over A/A): {corrected}."
     ]
 
 

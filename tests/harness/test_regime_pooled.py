@@ -98,6 +98,7 @@ def test_the_findings_rows_trace_to_their_jobs() -> None:
     assert "m/g0 |" in doc and "m/g2-aa |" in doc
     answer = pooled_answer([synthetic])
     assert answer and "parity" in answer[0] and "no false call" in answer[0]
+    assert "A/B over A/A): output_throughput " in answer[0]
 
 
 def test_the_order_table_reads_each_aa_lifetime_in_run_order() -> None:
