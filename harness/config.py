@@ -84,6 +84,8 @@ class RunConfig:
     metric is descriptive. ``pin_client`` keeps the client off the cores vLLM binds its compute threads to.
     ``host_time`` records in-server CPU time per scheduler step on both arms.
     ``quiet_loadavg``: a run that starts with a 1-minute load average above this is flagged as under load.
+    ``warmup_lifetimes`` (``abba``): unmeasured server lifetimes before the first measured one; the first
+    lifetime of a series ran slower than the rest, and ABBA gives that slot to the baseline.
     """
 
     design: str = "abba"
@@ -99,10 +101,13 @@ class RunConfig:
     pin_client: bool = True
     host_time: bool = True
     quiet_loadavg: float = 0.5
+    warmup_lifetimes: int = 1
 
     def __post_init__(self) -> None:
         if self.design not in DESIGNS:
             raise ValueError(f"run.design must be one of {DESIGNS}, got {self.design!r}")
+        if self.warmup_lifetimes < 0:
+            raise ValueError(f"run.warmup_lifetimes must be >= 0, got {self.warmup_lifetimes}")
         if not 0 < self.alpha < 1:
             raise ValueError(f"run.alpha must be in (0, 1), got {self.alpha}")
         object.__setattr__(self, "primary_metrics", tuple(self.primary_metrics))

@@ -20,7 +20,7 @@ from harness.client import run_requests
 from harness.config import ARM_NAMES, Arm, BenchConfig
 from harness.designs.base import Design, HostSteps
 from harness.designs.server_run import RunFailed, ServerRun, failure_reason, run_dir_name, run_is_done
-from harness.files import read_json
+from harness.files import read_json, write_json
 from harness.serve.launcher import ServerError
 from harness.serve.noise import pinned
 from harness.workload.arrivals import arrival_offsets
@@ -64,6 +64,36 @@ async def replay_workload(
     )
 
 
+def unmeasured_lifetime(
+    cfg: BenchConfig,
+    arm: Arm,
+    warmup: Workload,
+    workload: Workload | None,
+    replay_cfg: BenchConfig,
+    run_dir: Path,
+) -> dict:
+    """A server lifetime nobody measures (``run.warmup_lifetimes``, the regime map's ``warmup_lifetimes``):
+    started, warmed up with ``warmup``'s requests, given ``workload`` once under ``replay_cfg``'s load, and
+    stopped. In an A/A of 8 lifetimes per arm the first lifetime of the series was the slowest of all 16 on
+    every metric (FINDINGS.md, the A/A order check), and ABBA gives that slot to the baseline: this lifetime
+    takes it. Only its status.json (status ``warmup``) and server log are kept; a failure is recorded there,
+    not raised, and the measured lifetimes go on. Returns the status."""
+    run = ServerRun(cfg, arm, -1, run_dir)
+    reason: str | None = None
+    try:
+        with run:
+            run.warm_up(warmup)
+            if workload is not None:
+                bar = tqdm(total=len(workload.requests), leave=False, unit="req", desc=f"warm-up {arm.label}")
+                with pinned(run.client_cores()), bar:
+                    asyncio.run(replay_workload(replay_cfg, run.base_url, workload, bar))
+    except Exception as e:  # noqa: BLE001 - unmeasured: recorded, the measured lifetimes go on
+        reason = f"{type(e).__name__}: {e}"
+    status = {**run.status, "status": "warmup", "reason": reason}
+    write_json(run_dir / "status.json", status)
+    return status
+
+
 def run_one(cfg: BenchConfig, arm: Arm, index: int, workload: Workload, run_dir: Path) -> dict:
     """One server lifetime of the ABBA design. Returns its status dict (also written to status.json, last)."""
     run = ServerRun(cfg, arm, index, run_dir)
@@ -82,9 +112,16 @@ def run_one(cfg: BenchConfig, arm: Arm, index: int, workload: Workload, run_dir:
 
 
 def run_abba(cfg: BenchConfig, workload: Workload) -> list[dict]:
-    """Every repeat of both arms in ABBA order; skips runs already done in cfg.out_dir."""
+    """Every repeat of both arms in ABBA order; skips runs already done in cfg.out_dir. Before the first run
+    still to do, ``run.warmup_lifetimes`` unmeasured lifetimes of its arm (cfg.out_dir/warmup/)."""
     statuses = []
-    for index, arm in enumerate(tqdm(abba_order(cfg.run.repeats, *cfg.arms), desc="A/B runs", unit="run")):
+    order = list(enumerate(abba_order(cfg.run.repeats, *cfg.arms)))
+    todo = [(i, arm) for i, arm in order if not run_is_done(cfg.out_dir / "runs" / run_dir_name(i, arm))]
+    for k in range(cfg.run.warmup_lifetimes if todo else 0):
+        arm = todo[0][1]
+        warm_dir = cfg.out_dir / "warmup" / f"{k:02d}-{arm.name}-{arm.backend}"
+        unmeasured_lifetime(cfg, arm, workload, workload, cfg, warm_dir)
+    for index, arm in tqdm(order, desc="A/B runs", unit="run"):
         run_dir = cfg.out_dir / "runs" / run_dir_name(index, arm)
         if run_is_done(run_dir):
             statuses.append(read_json(run_dir / "status.json"))

@@ -30,7 +30,7 @@ from typing import Any
 from tqdm import tqdm
 
 from harness.config import Arm, BenchConfig
-from harness.designs.abba import abba_order, replay_workload
+from harness.designs.abba import abba_order, replay_workload, unmeasured_lifetime
 from harness.designs.server_run import RunFailed, ServerRun, request_row, run_dir_name
 from harness.files import read_json, write_json, write_jsonl
 from harness.metrics import summarize
@@ -224,31 +224,17 @@ class GroupRun:
         ]
 
     def warmup_lifetime(self, arm: Arm) -> None:
-        """A lifetime nobody measures, before the first measured one of this call: the server starts, warms
-        up, serves the first closed cell's workload once and stops; only its status and server log are kept.
-        In an A/A of 8 lifetimes per arm (profile aa_order) the job's first lifetime was the slowest (ABBA
-        puts the baseline first, so the baseline paid it): this lifetime pays it instead. A warm-up that
-        fails is recorded and the job goes on."""
+        """An unmeasured lifetime (:func:`harness.designs.abba.unmeasured_lifetime`) before this call's first
+        measured one, serving the group's first closed cell once."""
         root = self.dir / "lifetimes" / f"warmup-{arm.name}-{arm.backend}"
         attempt = 1 + len(list(root.glob("a*"))) if root.exists() else 1
-        life_dir = root / f"a{attempt}"
-        server = ServerRun(self.base, arm, -1, life_dir)
         cell = next((c for c in self.group.cells if c.load == "closed"), None)
-        reason: str | None = None
-        try:
-            with server:
-                server.warm_up(self.workloads["__warmup__"])
-                if cell is not None:
-                    wl = self.workloads[cell.name]
-                    bar = tqdm(total=len(wl.requests), leave=False, unit="req", desc=f"warm-up {cell.name}")
-                    with pinned(server.client_cores()), bar:
-                        asyncio.run(replay_workload(self.cell_config(cell), server.base_url, wl, bar))
-        except Exception as e:  # noqa: BLE001 - unmeasured: recorded, the measured lifetimes go on
-            reason = f"{type(e).__name__}: {e}"
-        write_json(
-            life_dir / "status.json",
-            {**server.status, "status": "warmup", "reason": reason, "cell": cell.name if cell else None},
+        workload = self.workloads[cell.name] if cell is not None else None
+        replay_cfg = self.cell_config(cell) if cell is not None else self.base
+        status = unmeasured_lifetime(
+            self.base, arm, self.workloads["__warmup__"], workload, replay_cfg, root / f"a{attempt}"
         )
+        write_json(root / f"a{attempt}" / "status.json", {**status, "cell": cell.name if cell else None})
 
     def lifetime(self, index: int, arm: Arm) -> None:
         root = self.dir / "lifetimes" / run_dir_name(index, arm)

@@ -161,18 +161,38 @@ def test_resume_skips_finished_runs_and_retries_failed_ones(tmp_path: Path, monk
         write_json(run_dir / "status.json", status)
         return status
 
+    def fake_warmup(cfg, arm, warmup, workload, replay_cfg, run_dir):  # type: ignore[no-untyped-def]
+        calls.append((-1, arm.name))
+        return {"status": "warmup"}
+
     monkeypatch.setattr(abba, "run_one", fake_run_one)
+    monkeypatch.setattr(abba, "unmeasured_lifetime", fake_warmup)
     cfg = _cfg(tmp_path, repeats=2)
     for index, arm in enumerate(["baseline-paged", "candidate-tagma", "candidate-tagma", "baseline-paged"]):
         (tmp_path / "runs" / f"{index:02d}-{arm}").mkdir(parents=True, exist_ok=True)
     statuses = runner.run_ab(cfg, workload=None)  # type: ignore[arg-type]
-    expected = [(0, "baseline"), (1, "candidate"), (2, "candidate"), (3, "baseline")]
-    assert calls == expected  # a failure does not stop it
+    # one unmeasured lifetime of the first arm to run, then every run; a failure does not stop it
+    expected = [(-1, "baseline"), (0, "baseline"), (1, "candidate"), (2, "candidate"), (3, "baseline")]
+    assert calls == expected
     assert [s["status"] for s in statuses] == ["ok", "ok", "failed", "ok"]
     assert runner.arms_without_a_run(cfg, statuses) == []
     calls.clear()
     runner.run_ab(cfg, workload=None)  # type: ignore[arg-type]
-    assert calls == [(2, "candidate")]  # only the failed run is redone
+    assert calls == [(-1, "candidate"), (2, "candidate")]  # only the failed run is redone, warmed up first
+
+
+def test_a_finished_run_starts_no_server_not_even_a_warm_up(tmp_path: Path, monkeypatch) -> None:
+    def no_server(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(abba, "run_one", no_server)
+    monkeypatch.setattr(abba, "unmeasured_lifetime", no_server)
+    cfg = _cfg(tmp_path, repeats=1)
+    for index, arm in enumerate(["baseline-paged", "candidate-tagma"]):
+        name, backend = arm.split("-")
+        status = {"arm": name, "backend": backend, "index": index, "status": "ok", "reason": None}
+        write_json(tmp_path / "runs" / f"{index:02d}-{arm}" / "status.json", status)
+    assert [s["status"] for s in runner.run_ab(cfg, workload=None)] == ["ok", "ok"]  # type: ignore[arg-type]
 
 
 def test_an_arm_without_any_successful_run_is_named() -> None:
