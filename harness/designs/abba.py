@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -71,13 +72,14 @@ def unmeasured_lifetime(
     workload: Workload | None,
     replay_cfg: BenchConfig,
     run_dir: Path,
+    **record: Any,
 ) -> dict:
     """A server lifetime nobody measures (``run.warmup_lifetimes``, the regime map's ``warmup_lifetimes``):
     started, warmed up with ``warmup``'s requests, given ``workload`` once under ``replay_cfg``'s load, and
     stopped. In an A/A of 8 lifetimes per arm the first lifetime of the series was the slowest of all 16 on
     every metric (FINDINGS.md, the A/A order check), and ABBA gives that slot to the baseline: this lifetime
-    takes it. Only its status.json (status ``warmup``) and server log are kept; a failure is recorded there,
-    not raised, and the measured lifetimes go on. Returns the status."""
+    takes it. Only its status.json (status ``warmup``, plus ``record``) and server log are kept; a failure is
+    recorded there, not raised, and the measured lifetimes go on. Returns the status."""
     run = ServerRun(cfg, arm, -1, run_dir)
     reason: str | None = None
     try:
@@ -89,7 +91,7 @@ def unmeasured_lifetime(
                     asyncio.run(replay_workload(replay_cfg, run.base_url, workload, bar))
     except Exception as e:  # noqa: BLE001 - unmeasured: recorded, the measured lifetimes go on
         reason = f"{type(e).__name__}: {e}"
-    status = {**run.status, "status": "warmup", "reason": reason}
+    status = {**run.status, "status": "warmup", "reason": reason, **record}
     write_json(run_dir / "status.json", status)
     return status
 
@@ -116,14 +118,15 @@ def run_abba(cfg: BenchConfig, workload: Workload) -> list[dict]:
     still to do, ``run.warmup_lifetimes`` unmeasured lifetimes of its arm (cfg.out_dir/warmup/)."""
     statuses = []
     order = list(enumerate(abba_order(cfg.run.repeats, *cfg.arms)))
-    todo = [(i, arm) for i, arm in order if not run_is_done(cfg.out_dir / "runs" / run_dir_name(i, arm))]
+    done = {i for i, arm in order if run_is_done(cfg.out_dir / "runs" / run_dir_name(i, arm))}
+    todo = [(i, arm) for i, arm in order if i not in done]
     for k in range(cfg.run.warmup_lifetimes if todo else 0):
         arm = todo[0][1]
         warm_dir = cfg.out_dir / "warmup" / f"{k:02d}-{arm.name}-{arm.backend}"
         unmeasured_lifetime(cfg, arm, workload, workload, cfg, warm_dir)
     for index, arm in tqdm(order, desc="A/B runs", unit="run"):
         run_dir = cfg.out_dir / "runs" / run_dir_name(index, arm)
-        if run_is_done(run_dir):
+        if index in done:
             statuses.append(read_json(run_dir / "status.json"))
             continue
         status = run_one(cfg, arm, index, workload, run_dir)

@@ -226,20 +226,17 @@ class GroupRun:
     def warmup_lifetime(self, arm: Arm) -> None:
         """An unmeasured lifetime (:func:`harness.designs.abba.unmeasured_lifetime`) before this call's first
         measured one, serving the group's first closed cell once."""
-        root = self.dir / "lifetimes" / f"warmup-{arm.name}-{arm.backend}"
-        attempt = 1 + len(list(root.glob("a*"))) if root.exists() else 1
+        life_dir = _next_attempt(self.dir / "lifetimes" / f"warmup-{arm.name}-{arm.backend}")
         cell = next((c for c in self.group.cells if c.load == "closed"), None)
         workload = self.workloads[cell.name] if cell is not None else None
         replay_cfg = self.cell_config(cell) if cell is not None else self.base
-        status = unmeasured_lifetime(
-            self.base, arm, self.workloads["__warmup__"], workload, replay_cfg, root / f"a{attempt}"
-        )
-        write_json(root / f"a{attempt}" / "status.json", {**status, "cell": cell.name if cell else None})
+        unmeasured_lifetime(
+            self.base, arm, self.workloads["__warmup__"], workload, replay_cfg, life_dir,
+            cell=cell.name if cell else None,
+        )  # fmt: skip
 
     def lifetime(self, index: int, arm: Arm) -> None:
-        root = self.dir / "lifetimes" / run_dir_name(index, arm)
-        attempt = 1 + len(list(root.glob("a*"))) if root.exists() else 1
-        life_dir = root / f"a{attempt}"
+        life_dir = _next_attempt(self.dir / "lifetimes" / run_dir_name(index, arm))
         server = ServerRun(self.base, arm, index, life_dir)
         pending = self.pending(index, arm)
         failed: str | None = None
@@ -330,6 +327,12 @@ class GroupRun:
         )
         write_json(seg_dir / "status.json", status)
         return None
+
+
+def _next_attempt(root: Path) -> Path:
+    """The folder of a lifetime's next attempt: ``root/aK``, K one past the attempts already there."""
+    attempt = 1 + len(list(root.glob("a*"))) if root.exists() else 1
+    return root / f"a{attempt}"
 
 
 def _plain(x: Any) -> Any:

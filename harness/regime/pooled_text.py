@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.analysis.statistics import SUPPORTED_VERDICTS as SUPPORTED
 from harness.regime.analysis import MAP_PRIMARY
 from harness.regime.figures import ab_cells
 from harness.regime.gpu_text import fmt as _f
@@ -27,7 +28,6 @@ SUBSET_TITLES = {
     "all": "all cells",
     "host_heavy": f"cells with host work >= {HOST_SHARE_FLOOR:.0%} of the step",
 }
-SUPPORTED = ("faster", "slower", "higher", "lower")
 
 
 def _cell(row: Mapping[str, Any]) -> str:

@@ -9,6 +9,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from harness.analysis.statistics import SUPPORTED_VERDICTS as SUPPORTED
 from harness.regime.figures import ab_cells
 from harness.regime.gpu_text import fmt as _f
 from harness.regime.gpu_text import gpu_answer, gpu_kernels, gpu_projection
@@ -26,7 +27,6 @@ METRICS = (
     ("p50_tpot_ms", "TPOT p50"),
     ("p99_tpot_ms", "TPOT p99"),
 )
-SUPPORTED = ("faster", "slower", "higher", "lower")
 PARTS = ("kv_manager", "schedule_other", "update_other", "worker_prepare", "forward")
 
 
