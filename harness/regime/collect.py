@@ -47,6 +47,13 @@ def _load(job_dir: Path) -> dict[str, float] | None:
     return {"mean": round(sum(loads) / len(loads), 2), "max": max(loads)} if loads else None
 
 
+def _warmup_lifetimes(job_dir: Path) -> int:
+    """How many unmeasured warm-up lifetimes the job served to the end (their status files), whatever its
+    config said."""
+    done = [read_json(p) for p in job_dir.glob("lifetimes/warmup-*/*/status.json")]
+    return sum(1 for s in done if s.get("status") == "warmup" and not s.get("reason"))
+
+
 def collect(map_dir: Path) -> dict[str, Any]:
     """The map at ``map_dir`` as one record (jobs in the order their folders sort)."""
     jobs = []
@@ -67,6 +74,7 @@ def collect(map_dir: Path) -> dict[str, Any]:
                 "dirty": (env.get("git") or {}).get("dirty"),
                 "wall_s": wall.get("wall_s"),
                 "load": _load(job_dir),
+                "warmup_lifetimes": _warmup_lifetimes(job_dir),
             }
         )
     if not jobs:

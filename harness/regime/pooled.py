@@ -15,8 +15,11 @@ taken from their own few-run variances). Three families, each Holm-corrected ove
   the A/A's lean comes from the design (both arms of the A/A sit where the A/B's arms sit), not from chance.
 
 Each is also computed over the cells where host work is at least ``HOST_SHARE_FLOOR`` of paged's step, where
-the in-server parts predict the largest change. An A/B mean can hide opposite effects in different regimes:
-the per-cell table stays the answer per regime; this is the answer for the average one.
+the in-server parts predict the largest change, and over the jobs measured at the current instrument
+(``warm``: an unmeasured server lifetime before the measured ones, which takes out the first lifetime's
+penalty the ``aa_order`` profile found; maps collected before it have no ``warmup_lifetimes``, so count 0).
+An A/B mean can hide opposite effects in different regimes: the per-cell table stays the answer per regime;
+this is the answer for the average one.
 """
 
 from __future__ import annotations
@@ -35,13 +38,16 @@ from harness.regime.figures import ab_cells
 __all__ = ["HOST_SHARE_FLOOR", "SUBSETS", "job_means", "pooled", "pooled_family"]
 
 HOST_SHARE_FLOOR = 0.10
-SUBSETS = ("all", "host_heavy")
+SUBSETS = ("all", "host_heavy", "warm")
+OPTIONAL_SUBSETS = ("warm",)  # left out of the result where no A/B job is in them
 LOWER_IS_BETTER = {m: m != "output_throughput" for m in MAP_PRIMARY}
 
 
-def _in_subset(cell: dict[str, Any], subset: str) -> bool:
+def _in_subset(job: dict[str, Any], cell: dict[str, Any], subset: str) -> bool:
     if subset == "all":
         return True
+    if subset == "warm":  # the current instrument: an unmeasured lifetime before the measured ones
+        return (job.get("warmup_lifetimes") or 0) >= 1
     share = ((cell.get("composition") or {}).get("baseline") or {}).get("host_share")
     return share is not None and share >= HOST_SHARE_FLOOR
 
@@ -53,7 +59,7 @@ def job_means(
     ``subset`` that have a ratio for ``metric``. ``key="prediction"``: the cells' predicted step ratios."""
     logs: dict[str, list[float]] = {}
     for _, job, cell in ab_cells(maps, aa=aa):
-        if not _in_subset(cell, subset):
+        if not _in_subset(job, cell, subset):
             continue
         if key == "prediction":
             value = (cell.get("prediction") or {}).get("step_ratio")
@@ -112,6 +118,8 @@ def pooled(maps: Sequence[dict[str, Any]], alpha: float = 0.05) -> dict[str, Any
     """Every family over every subset, with the jobs behind them and the mean predicted step ratio."""
     out: dict[str, Any] = {}
     for subset in SUBSETS:
+        if subset in OPTIONAL_SUBSETS and not job_means(maps, "p50_tpot_ms", aa=False, subset=subset):
+            continue
         predicted = job_means(maps, "", aa=False, subset=subset, key="prediction")
         out[subset] = {
             "families": {k: pooled_family(maps, k, subset, alpha) for k in ("ab", "aa", "ab_over_aa")},

@@ -27,6 +27,7 @@ FAMILIES = (
 SUBSET_TITLES = {
     "all": "all cells",
     "host_heavy": f"cells with host work >= {HOST_SHARE_FLOOR:.0%} of the step",
+    "warm": "jobs with a warm-up lifetime",
 }
 
 

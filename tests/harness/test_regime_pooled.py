@@ -79,6 +79,31 @@ def test_the_host_heavy_subset_keeps_only_cells_past_the_floor() -> None:
     assert one_job["ci"] == [None, None] and one_job["verdict"] == "inconclusive"  # one job: no interval
 
 
+def test_the_warm_subset_keeps_jobs_with_a_warmup_lifetime_and_is_left_out_without_any() -> None:
+    m = make_map([[0.9], [1.0], [1.1]], [[1.0], [0.98]])
+    assert "warm" not in pooled([m])  # maps collected before warm-up lifetimes: no such subset
+    for j in m["jobs"]:
+        j["warmup_lifetimes"] = 0 if j["job"] == "g0" else 1
+    warm = pooled([m])["warm"]
+    assert warm["jobs"] == {"ab": ["m/g1", "m/g2"], "aa": ["m/g0-aa", "m/g1-aa"]}
+    lines = pooled_section([m])
+    assert sum(line.startswith(POOLED_ROW) and "warm-up lifetime" in line for line in lines) == 3
+
+
+def test_collect_counts_the_warmup_lifetimes_that_served_to_the_end(tmp_path: Path) -> None:
+    from harness.regime.collect import _warmup_lifetimes
+
+    life = tmp_path / "lifetimes"
+    for name, status in (
+        ("warmup-baseline-paged/a0", {"status": "warmup", "reason": "ServerDied: gone"}),
+        ("warmup-baseline-paged/a1", {"status": "warmup", "reason": None}),
+        ("r0-baseline-paged/a0", {"status": "ok", "reason": None}),
+    ):
+        (life / name).mkdir(parents=True)
+        (life / name / "status.json").write_text(json.dumps(status))
+    assert _warmup_lifetimes(tmp_path) == 1
+
+
 def test_unknown_family_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown pooled family"):
         pooled_family([make_map([[1.0]], [])], "ba")
