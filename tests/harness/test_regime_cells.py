@@ -141,11 +141,14 @@ def test_the_xxhash_profile_gives_the_baseline_vllms_fastest_hash() -> None:
     assert spec.aa_groups == (group.name,)
 
 
-@pytest.mark.parametrize(("profile", "caching"), [("hybrid", False), ("hybrid_cached", True)])
+@pytest.mark.parametrize(
+    ("profile", "caching"), [("hybrid", False), ("hybrid_cached", True), ("hybrid_long", False)]
+)
 def test_the_hybrid_profiles_serve_the_tiny_gpt_oss_caching_off_and_on(profile: str, caching: bool) -> None:
     """The hybrid cells run the gpt-oss-shaped model (two KV cache groups: window 128 + full) on both arms,
     caching off (profile hybrid) or on (hybrid_cached: the group prefix manager), and their A/A runs too;
-    every cell's requests run past the window. The model's own args leave caching to the profile."""
+    every cell's requests run past the window (hybrid_long: 4K and 16K prompts, within the model length).
+    The model's own args leave caching to the profile."""
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
         cfg = compose(config_name="regime_map", overrides=[f"regime={profile}"])
     from omegaconf import OmegaConf
@@ -161,3 +164,4 @@ def test_the_hybrid_profiles_serve_the_tiny_gpt_oss_caching_off_and_on(profile: 
     assert spec.aa_groups == (group.name,)
     window = FAMILIES["gpt-oss"].shape["sliding_window"]
     assert all(c.prompt_tokens > window for c in group.cells)
+    assert all(c.prompt_tokens + c.output_tokens <= group.max_model_len for c in group.cells)
