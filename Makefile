@@ -39,11 +39,13 @@ setup-vllm033:
 	$(MAKE) --no-print-directory setup VENV=$(VENV033) TAGMA_VLLM=gpu
 
 # tagma against vLLM 0.33's code without a GPU: vLLM 0.33's own scheduler tests (AsyncScheduler included)
-# with tagma's managers against stock; the plugin, the fail-closed refusals and the families' verdicts on
-# 0.33 configs; Model Runner V2's real BlockTables against tagma's under Triton's interpreter. Three
-# processes: the interpreter must be on before vLLM's kernels are defined, and off for the rest.
+# with tagma's managers against stock's pass set as recorded for the release (lists/0.33.0/stock_passed.json:
+# 6 minutes less; `make test` runs vLLM 0.32's stock live and checks its record); the plugin, the
+# fail-closed refusals and the families' verdicts on 0.33 configs; Model Runner V2's real BlockTables against
+# tagma's under Triton's interpreter. Three processes: the interpreter must be on before vLLM's kernels are
+# defined, and off for the rest.
 test-vllm033: setup-vllm033 tiny-model
-	$(ENV033) $(PY033) -m pytest -p no:cacheprovider tests/conformance
+	$(ENV033) TAGMA_CONFORMANCE_STOCK=recorded $(PY033) -m pytest -p no:cacheprovider tests/conformance
 	$(ENV033) $(PY033) -m pytest -p no:cacheprovider tests/tagma/test_plugin.py tests/tagma/test_fail_closed.py \
 		tests/tagma/test_prefix_manager_hash_contract.py tests/harness/test_gpu_preflight.py \
 		tests/harness/test_tiny_families.py -m "not slow"
@@ -180,8 +182,9 @@ slurm-deps:
 
 # The regime map (harness/regime/, configs/regime/): paged vs tagma over concurrency x prompt length x prefix
 # caching, open-loop cells near the knee, the Mooncake trace, and an A/A; one Hydra job per group of cells.
-# PROFILE=smoke (CI, ~10 min here) | quick (~45 min) | full (~2 h); focused: focus | xxhash | hybrid | hybrid_cached. Re-running the same MAP_ID resumes it
-# (finished segments are skipped); a cluster: ARGS="+cluster=slurm hydra.launcher.partition=<p>".
+# PROFILE=smoke (CI, ~10 min here) | quick (~45 min) | full (~2 h); focused: focus | xxhash | hybrid |
+# hybrid_cached | hybrid_long. Re-running the same MAP_ID resumes it (finished segments are skipped); a
+# cluster: ARGS="+cluster=slurm hydra.launcher.partition=<p>".
 # Then the map is collected into findings/maps/$(MAP_ID).json, what `make findings` reads.
 PROFILE ?= quick
 MAP_ID ?= $(PROFILE)

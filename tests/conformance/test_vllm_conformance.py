@@ -8,7 +8,9 @@ itself by the name it imported, swapped the same way) run through tests/conforma
 subprocess, with denylist.json applied:
 a denied test still runs and must fail with the exact text its group names (tagma's refusal, a missing
 hub model, or, in groups marked white_box, the assertion on paged's internals it trips), so a denial cannot
-hide a different failure. The pass sets of tagma and stock must agree but for refusals and white-box groups.
+hide a different failure. The pass sets of tagma and stock must agree but for refusals and white-box groups;
+stock's is run in the same job or, with TAGMA_CONFORMANCE_STOCK=recorded, read from the release's record
+(lists/<version>/stock_passed.json, tests/conformance/stock_record.py).
 Pass counts go to the terminal and to build/conformance_tagma.json. expected.json holds the passes observed
 per file (a floor).
 
@@ -32,7 +34,17 @@ from tests.conformance.fetch_vllm_tests import (
     MARKER,
     fetch,
     installed_vllm_version,
+    read_marker,
     upstream_version,
+)
+from tests.conformance.stock_record import (
+    StockRecord,
+    check_current,
+    differences,
+    load_record,
+    record_from_summary,
+    record_path,
+    stock_mode,
 )
 from tests.conformance.vllm_conformance_plugin import load_denylist
 
@@ -164,6 +176,34 @@ def test_lists_cover_the_fetched_tests(version: str) -> None:
         assert f"def {func}(" in (dest / file).read_text(), f"{test}: no such test in {file}"
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+def test_stock_record_agrees_with_the_lists(version: str) -> None:
+    """A release's recorded stock pass set (stock_record.py) is for its allowlisted files, and agrees with the
+    denylist: white-box groups pass with stock (they assert paged's internals), denials for a reason that is
+    neither tagma's nor white-box (a hub model this machine lacks) fail with stock too."""
+    allowlist, denylist, _ = lists_for(version)
+    record = load_record(record_path(LISTS / version))
+    if record is None:
+        pytest.skip(f"no stock record for {version} (TAGMA_CONFORMANCE_STOCK=record writes it)")
+    allow = _load_unique(allowlist)
+    assert record.vllm_version == version and len(record.tests_tree_sha256) == 64
+    assert sorted(record.files) == sorted(allow["run"])
+    files = {_junit_id(f + "::x").partition("::")[0] for f in record.files}
+    strays = [t for t in record.passed if t.partition("::")[0] not in files]
+    assert not strays, f"passes outside the allowlisted files: {strays[:5]}"
+    white_box = _denied_white_box(denylist)
+    assert all(any(_covers(d, t) for t in record.passed) for d in white_box), "a white-box test fails stock"
+    deny = _load_unique(denylist)
+    elsewhere = [
+        _junit_id(t)
+        for g in deny["groups"]
+        if not g["match"].startswith("tagma:") and not g.get("white_box")
+        for t in g["tests"]
+    ]
+    passing = [d for d in elsewhere if any(_covers(d, t) for t in record.passed)]
+    assert not passing, f"denied for a reason stock shares, yet stock passes them: {passing[:5]}"
+
+
 # ---- slow: the conformance run
 
 
@@ -181,6 +221,28 @@ def _report(summary: dict) -> str:
         )
     lines.append(f"  wall: {summary['total']['wall_seconds']}s; details: {SUMMARY.relative_to(REPO)}")
     return "\n".join(lines)
+
+
+def _stock_pass_set(
+    version: str, dest: Path, files: list[str], stock_cmd: list[str], env: dict[str, str]
+) -> StockRecord:
+    """Stock's pass set: run in this job and checked against the record, or the record (stock_record.py)."""
+    mode, path = stock_mode(), record_path(LISTS / version)
+    marker = read_marker(dest)
+    assert marker and marker.get("tests_tree_sha256"), f"{dest}: no fetch marker with the tests' digest"
+    tree = marker["tests_tree_sha256"]
+    if mode == "recorded":
+        return check_current(load_record(path), version, tree, files)
+    done = subprocess.run(stock_cmd, cwd=REPO, capture_output=True, text=True, timeout=3000, env=env)
+    assert STOCK_SUMMARY.is_file(), f"no stock summary (rc={done.returncode}):\n{done.stdout[-3000:]}"
+    live = record_from_summary(json.loads(STOCK_SUMMARY.read_text()), version, tree, files)
+    if mode == "record":
+        path.write_text(live.to_json())
+        return live
+    record = check_current(load_record(path), version, tree, files)
+    drift = differences(record, live)
+    assert not drift, f"{path.relative_to(REPO)} is not what stock passes now: {drift}"
+    return live
 
 
 @pytest.mark.slow
@@ -203,7 +265,8 @@ def test_vllm_core_tests_pass_with_tagma(capsys: pytest.CaptureFixture[str]) -> 
         "--allowlist", str(allowlist), "--denylist", str(denylist), "--kv-manager", KV_MANAGER,
         "--per-file", "--jobs", "2", "--timeout", "1500", "--summary", str(SUMMARY),
     ]  # fmt: skip
-    # The same files with vLLM's own manager and no denylist, in the same job: the pass sets must agree.
+    # The same files with vLLM's own manager and no denylist, in the same job or as recorded for this release
+    # (stock_record.py): the pass sets must agree.
     stock_cmd = [
         sys.executable, "-m", "tests.conformance.run_vllm_tests", "--allowlist", str(allowlist),
         "--per-file", "--jobs", "2", "--timeout", "1500", "--summary", str(STOCK_SUMMARY),
@@ -214,9 +277,7 @@ def test_vllm_core_tests_pass_with_tagma(capsys: pytest.CaptureFixture[str]) -> 
     # Exact-LRU prefix eviction: vLLM's own order, which some of these tests assert (the default
     # contiguity-aware mode is tested in test_prefix_manager.py and on a real server).
     env = dict(os.environ, TAGMA_PREFIX_EVICTION="lru")
-    stock_done = subprocess.run(stock_cmd, cwd=REPO, capture_output=True, text=True, timeout=3000, env=env)
-    stock_tail = stock_done.stdout[-3000:]
-    assert STOCK_SUMMARY.is_file(), f"no stock summary (rc={stock_done.returncode}):\n{stock_tail}"
+    stock = _stock_pass_set(version, dest, sorted(allow["run"]), stock_cmd, env)
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3000, env=env)
     out = done.stdout[-4000:] + done.stderr[-4000:]
     assert SUMMARY.is_file(), f"no summary (rc={done.returncode}):\n{out}"
@@ -246,10 +307,9 @@ def test_vllm_core_tests_pass_with_tagma(capsys: pytest.CaptureFixture[str]) -> 
     assert total["counts"]["passed"] >= sum(expected_passed.values()), report
 
     # Pass sets, tagma vs stock: identical except tagma's refusals (denied with a "tagma:" failure text).
-    stock = json.loads(STOCK_SUMMARY.read_text())
     tagma_passed, refused = _passed(summary), _denied_refusals(denylist)
     white_box = _denied_white_box(denylist)
-    stock_passed = _passed(stock)
+    stock_passed = set(stock.passed)
     only_tagma = tagma_passed - stock_passed
     only_stock = stock_passed - tagma_passed
     refusals = {t for t in only_stock if any(_covers(d, t) for d in refused)}
