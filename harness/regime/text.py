@@ -9,6 +9,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from harness.analysis.statistics import PARITY_MARGIN
 from harness.analysis.statistics import SUPPORTED_VERDICTS as SUPPORTED
 from harness.regime.figures import ab_cells
 from harness.regime.gpu_text import fmt as _f
@@ -54,19 +55,25 @@ def _cell_label(c: Mapping[str, Any]) -> str:
 def headline(maps: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Counts behind the answer: verdicts over the A/B cells' metrics, the A/A's false calls, the bounds."""
     verdicts: dict[str, int] = {}
-    supported, mdes = [], []
+    supported, mdes, parity = [], [], []
     for _, job, c in ab_cells(maps):
+        at_parity = []
         for metric, row in c["metrics"].items():
             verdicts[row["verdict"]] = verdicts.get(row["verdict"], 0) + 1
             if row["verdict"] in SUPPORTED:
                 supported.append((job, c, metric, row))
+            if row["verdict"] == "parity":
+                at_parity.append(metric)
             if row.get("mde") is not None:
                 mdes.append((row["mde"], job, c, metric))
+        if at_parity:
+            parity.append((job, c, at_parity))
     aa_calls = [(job, c, m, r) for _, job, c in ab_cells(maps, aa=True) for m, r in c["metrics"].items()]
     false = [x for x in aa_calls if x[3]["verdict"] in SUPPORTED]
     return {
         "verdicts": verdicts,
         "supported": supported,
+        "parity": parity,
         "mdes": sorted(mdes, key=lambda x: x[0]),
         "aa_metrics": len(aa_calls),
         "aa_false": false,
@@ -89,6 +96,14 @@ def _answer(maps: Sequence[dict[str, Any]], sources: Mapping[str, Any]) -> list[
             )
     else:
         lines.append("- No cell shows a supported difference in what a user sees.")
+    if h["parity"]:
+        n = sum(len(m) for _, _, m in h["parity"])
+        lines.append(
+            f"- Parity shown (the whole 95% interval within +-{_pct(PARITY_MARGIN)} of paged's value: an "
+            f"equivalence claim) for {n} metrics in {len(h['parity'])} cells:"
+        )
+        for job, c, metrics in h["parity"]:
+            lines.append(f"  - {job['group']} {_cell_label(c)}: {', '.join(metrics)} (run {job['run_id']})")
     lines += pooled_answer(maps)
     if h["mdes"]:
         best, worst = h["mdes"][0], h["mdes"][-1]

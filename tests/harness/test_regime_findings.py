@@ -96,6 +96,23 @@ def test_findings_from_a_recorded_map_name_a_run_on_every_row(tmp_path: Path) ->
     ]
 
 
+def test_the_answer_names_every_cell_shown_at_parity_with_its_run(tmp_path: Path) -> None:
+    record = json.loads(RECORDED.read_text())
+    for j in record["jobs"]:  # no parity anywhere, then two metrics of one A/B cell
+        for c in j["cells"]:
+            for row in c["metrics"].values():
+                row["verdict"] = "inconclusive" if row["verdict"] == "parity" else row["verdict"]
+    job = next(j for j in record["jobs"] if not j.get("aa"))
+    for metric in ("p50_tpot_ms", "output_throughput"):
+        job["cells"][0]["metrics"][metric]["verdict"] = "parity"
+    doc = render(load_sources(sources_for(tmp_path, record)), tmp_path / "F.md", tmp_path / "fig").read_text()
+    lines = doc.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("- Parity shown"))
+    assert "for 2 metrics in 1 cells" in lines[head]
+    assert lines[head + 1].startswith(f"  - {job['group']} ")
+    assert "p50_tpot_ms, output_throughput" in lines[head + 1] and f"(run {job['run_id']})" in lines[head + 1]
+
+
 def test_a_row_without_a_run_is_caught() -> None:
     record = json.loads(RECORDED.read_text())
     doc = "| prefix-on | closed c=1 | 0.98 [0.9, 1.1] | no run here |\n"
