@@ -43,6 +43,7 @@ __all__ = [
     "ENV_CONFORMANCE_STATS",
     "ENV_CONFORMANCE_DENYLIST",
     "ENV_CONFORMANCE_KV_MANAGER",
+    "ENV_CONFORMANCE_STOCK",
     "ENV_N_BOOT",
     "ENV_SWEEP_DIR",
     "ENV_RUN_DIR",
@@ -126,6 +127,8 @@ ENV_CONFORMANCE_KV_MANAGER: Final = "TAGMA_CONFORMANCE_KV_MANAGER"
 ENV_CONFORMANCE_DENYLIST: Final = "TAGMA_CONFORMANCE_DENYLIST"
 ENV_CONFORMANCE_STATS: Final = "TAGMA_CONFORMANCE_STATS"
 ENV_CONFORMANCE_MODEL: Final = "TAGMA_CONFORMANCE_MODEL"
+# The conformance job's stock pass set: run | recorded | record (tests/conformance/stock_record.py)
+ENV_CONFORMANCE_STOCK: Final = "TAGMA_CONFORMANCE_STOCK"
 
 # ---- files the harness asks a server to write, inside one run's directory
 PLACEMENT_TELEMETRY_FILE: Final = "tagma_telemetry.jsonl"

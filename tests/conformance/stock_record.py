@@ -20,7 +20,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-ENV_STOCK_MODE = "TAGMA_CONFORMANCE_STOCK"
+from tagma.contract import ENV_CONFORMANCE_STOCK as ENV_STOCK_MODE
+
 MODES = ("run", "recorded", "record")
 RECORD_NAME = "stock_passed.json"
 
@@ -35,7 +36,7 @@ class StockRecord:
     def to_json(self) -> str:
         body = {
             "about": "vLLM's own tests with vLLM's own KV cache manager (no denylist): the passes, "
-            "recorded from a stock conformance run (TAGMA_CONFORMANCE_STOCK=record); see "
+            f"recorded from a stock conformance run ({ENV_STOCK_MODE}=record); see "
             "tests/conformance/stock_record.py",
             "vllm_version": self.vllm_version,
             "tests_tree_sha256": self.tests_tree_sha256,

@@ -38,6 +38,7 @@ from tests.conformance.fetch_vllm_tests import (
     upstream_version,
 )
 from tests.conformance.stock_record import (
+    ENV_STOCK_MODE,
     StockRecord,
     check_current,
     differences,
@@ -184,7 +185,7 @@ def test_stock_record_agrees_with_the_lists(version: str) -> None:
     allowlist, denylist, _ = lists_for(version)
     record = load_record(record_path(LISTS / version))
     if record is None:
-        pytest.skip(f"no stock record for {version} (TAGMA_CONFORMANCE_STOCK=record writes it)")
+        pytest.skip(f"no stock record for {version} ({ENV_STOCK_MODE}=record writes it)")
     allow = _load_unique(allowlist)
     assert record.vllm_version == version and len(record.tests_tree_sha256) == 64
     assert sorted(record.files) == sorted(allow["run"])
