@@ -61,8 +61,7 @@ MIN_TAIL_SAMPLES = 5  # pairs beyond a quantile needed to bound it (p99 -> 500 p
 PARITY_MARGIN = 0.05
 NO_SPREAD = 1e-12  # a standard error of a log ratio below this is rounding: the noise is unknown
 DIRECTION = {True: ("faster", "slower"), False: ("higher", "lower")}  # lower_is_better -> (better, worse)
-SUPPORTED_VERDICTS = tuple(v for pair in DIRECTION.values() for v in pair)  # a difference was called
-DIRECTION_VERDICTS = frozenset(v for pair in DIRECTION.values() for v in pair)
+DIRECTION_VERDICTS = frozenset(v for pair in DIRECTION.values() for v in pair)  # a difference was called
 
 Statistic = Callable[[np.ndarray], float]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.analysis.statistics import SUPPORTED_VERDICTS as SUPPORTED
+from harness.analysis.statistics import DIRECTION_VERDICTS as SUPPORTED
 from harness.regime.analysis import MAP_PRIMARY
 from harness.regime.figures import ab_cells
 from harness.regime.gpu_text import fmt as _f

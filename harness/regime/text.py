@@ -9,8 +9,8 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from harness.analysis.statistics import DIRECTION_VERDICTS as SUPPORTED
 from harness.analysis.statistics import PARITY_MARGIN
-from harness.analysis.statistics import SUPPORTED_VERDICTS as SUPPORTED
 from harness.regime.figures import ab_cells
 from harness.regime.gpu_text import fmt as _f
 from harness.regime.gpu_text import gpu_answer, gpu_kernels, gpu_projection

@@ -71,13 +71,17 @@ def load_record(path: Path) -> StockRecord | None:
     return StockRecord(raw["vllm_version"], raw["tests_tree_sha256"], tuple(raw["files"]), frozenset(passed))
 
 
+def passed_ids(summary: dict) -> set[str]:
+    """The junit ids a run_vllm_tests summary reports as passed."""
+    return {t for f in summary["files"] for t, kind in f.get("outcomes", {}).items() if kind == "passed"}
+
+
 def record_from_summary(summary: dict, version: str, tree_sha256: str, files: list[str]) -> StockRecord:
     """The record of a stock run's summary (run_vllm_tests --summary), for the files it ran."""
     ran = sorted(f["file"] for f in summary["files"])
     if ran != sorted(files):
         raise ValueError(f"the stock run ran {ran}, not the allowlisted {sorted(files)}")
-    passed = {t for f in summary["files"] for t, kind in f.get("outcomes", {}).items() if kind == "passed"}
-    return StockRecord(version, tree_sha256, tuple(sorted(files)), frozenset(passed))
+    return StockRecord(version, tree_sha256, tuple(sorted(files)), frozenset(passed_ids(summary)))
 
 
 def check_current(

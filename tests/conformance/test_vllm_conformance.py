@@ -43,6 +43,7 @@ from tests.conformance.stock_record import (
     check_current,
     differences,
     load_record,
+    passed_ids,
     record_from_summary,
     record_path,
     stock_mode,
@@ -82,10 +83,6 @@ def _junit_id(nodeid: str) -> str:
     """tests/v1/core/test_x.py::name -> tests.v1.core.test_x::name (pytest's junit classname::name)."""
     file, _, name = nodeid.partition("::")
     return f"{file.removesuffix('.py').replace('/', '.')}::{name}"
-
-
-def _passed(summary: dict) -> set[str]:
-    return {t for f in summary["files"] for t, kind in f.get("outcomes", {}).items() if kind == "passed"}
 
 
 def _denied_refusals(denylist: Path) -> list[str]:
@@ -308,7 +305,7 @@ def test_vllm_core_tests_pass_with_tagma(capsys: pytest.CaptureFixture[str]) -> 
     assert total["counts"]["passed"] >= sum(expected_passed.values()), report
 
     # Pass sets, tagma vs stock: identical except tagma's refusals (denied with a "tagma:" failure text).
-    tagma_passed, refused = _passed(summary), _denied_refusals(denylist)
+    tagma_passed, refused = passed_ids(summary), _denied_refusals(denylist)
     white_box = _denied_white_box(denylist)
     stock_passed = set(stock.passed)
     only_tagma = tagma_passed - stock_passed
