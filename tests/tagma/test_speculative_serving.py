@@ -66,6 +66,8 @@ class Case:
     pool_blocks: int  # every request fits alone, the concurrent wave does not
     caching: bool
     speculative: str = SPECULATIVE
+    prompt_tokens: tuple[int, int] = (300, 1400)  # the plan's range of prompt lengths
+    output_tokens: tuple[int, int] = (100, 300)  # and of max_tokens
 
 
 # An EAGLE drafter, built at test time into data/ beside the tiny model (EAGLE_DRAFTER).
@@ -74,21 +76,27 @@ EAGLE = json.dumps({"method": "eagle", "model": str(EAGLE_DRAFTER), "num_specula
 
 CASES = {
     "llama-caching": Case("llama", pool_blocks=90, caching=True),
-    "gemma3-window": Case("gemma3", pool_blocks=310, caching=False),
+    # Preempts by construction: any two of these requests outgrow 310 blocks before either finishes (a
+    # 700-900-token prompt takes 22-29 blocks in each of the six groups; 250-350 output tokens carry
+    # 950-1,250-token sequences to 180-205 blocks, the windows capped at 33), and one fits alone. With
+    # 300-1,400-token prompts past the window, whose window groups stop growing, a CI run once had none.
+    "gemma3-window": Case("gemma3", pool_blocks=310, caching=False, prompt_tokens=(700, 900),
+                          output_tokens=(250, 350)),
     "llama-draft-model": Case("llama", pool_blocks=90, caching=True, speculative=DRAFT_MODEL),
     "llama-eagle": Case("llama", pool_blocks=90, caching=True, speculative=EAGLE),
 }
 
 
-def plan(seed: int = 0) -> list[tuple[list[int], int]]:
+def plan(case: Case, seed: int = 0) -> list[tuple[list[int], int]]:
     """(prompt, max_tokens): a 96-token system prefix shared by all, then a 20-60-token phrase repeated to
-    300-1,400 tokens (ngram's drafts come from repeats), 100-300 output tokens."""
+    the case's prompt length (ngram's drafts come from repeats), and its output length."""
     rng = random.Random(seed)
     system = [rng.randrange(3, 1000) for _ in range(96)]
     out = []
     for _ in range(8):
         phrase = [rng.randrange(3, 1000) for _ in range(rng.randint(20, 60))]
-        out.append(((system + phrase * 70)[: rng.randint(300, 1400)], rng.randint(100, 300)))
+        prompt = (system + phrase * 70)[: rng.randint(*case.prompt_tokens)]
+        out.append((prompt, rng.randint(*case.output_tokens)))
     return out
 
 
@@ -109,8 +117,8 @@ def server_spec(case: Case, model: Path, backend: str) -> ServerSpec:
     )
 
 
-def drive(model: Path, server: Server) -> dict[str, Any]:
-    requests = plan()
+def drive(case: Case, model: Path, server: Server) -> dict[str, Any]:
+    requests = plan(case)
     with ThreadPoolExecutor(len(requests)) as pool:
         futures = [pool.submit(_post, server.base_url, str(model), p, n) for p, n in requests]
         tokens = [f.result() for f in futures]
@@ -126,7 +134,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tok_dir: Path) -> dict[str, d
         model = TINY_MODEL if case.family == "llama" else build_family(root / name, case.family, tok_dir)
         specs = [(server_spec(case, model, b), root / f"{name}-{b}.log") for b in BACKENDS]
         with serving(specs) as servers:
-            out[name] = {b: drive(model, server) for b, server in zip(BACKENDS, servers, strict=True)}
+            out[name] = {b: drive(case, model, server) for b, server in zip(BACKENDS, servers, strict=True)}
     summary = {n: {b: {k: v for k, v in r.items() if k != "tokens"} for b, r in arms.items()}
                for n, arms in out.items()}  # fmt: skip
     print("speculative serving:", json.dumps(summary))
