@@ -82,7 +82,9 @@ class RunConfig:
     request at a time, alternating which arm goes first, ``repeats`` rounds of fresh server pairs.
     ``primary_metrics`` get a verdict under a family-wise (Holm) correction at level ``alpha``; every other
     metric is descriptive. ``pin_client`` keeps the client off the cores vLLM binds its compute threads to.
-    ``host_time`` records in-server CPU time per scheduler step on both arms.
+    ``host_time`` records in-server CPU time per scheduler step on both arms; ``host_time_groups`` adds, for a
+    model with several KV cache groups, the KV manager's time per group (nested timers: the regime maps
+    leave them off so that their manager totals are measured as before).
     ``quiet_loadavg``: a run that starts with a 1-minute load average above this is flagged as under load.
     ``warmup_lifetimes`` (``abba``): unmeasured server lifetimes before the first measured one; the first
     lifetime of a series ran slower than the rest, and ABBA gives that slot to the baseline.
@@ -100,6 +102,7 @@ class RunConfig:
     alpha: float = 0.05
     pin_client: bool = True
     host_time: bool = True
+    host_time_groups: bool = True
     quiet_loadavg: float = 0.5
     warmup_lifetimes: int = 1
 

@@ -106,7 +106,8 @@ def host_time_section(runs: list[dict], meta: dict) -> tuple[list[Comparison], l
     lines += [
         "kv_manager = every KV cache manager call of the scheduler; schedule_other / update_other = the rest "
         "of schedule() / update_from_output(); worker_prepare = the worker's input preparation (block "
-        "table, slot mapping). Per busy step after warm-up, clock-read cost subtracted.",
+        "table, slot mapping). kv_group<g>_<kind> (models with several KV cache groups) = the part of "
+        "kv_manager spent in group g's block work. Per busy step after warm-up, clock-read cost subtracted.",
         "",
         "| component | baseline | candidate | ratio | 95% CI | runs | samples | method |",
         "|---|---|---|---|---|---|---|---|",

@@ -27,6 +27,9 @@ Environment of a tagma server (all optional):
 * ``TAGMA_HOST_TIME_FILE``: where the server writes its in-server host (CPU) time records;
 * ``TAGMA_HOST_TIME_FLUSH_S``: the least time between two writes of those records (default 0.5 s; the
   harness sets it to its telemetry interval);
+* ``TAGMA_HOST_TIME_GROUPS``: ``1`` adds, for a model with several KV cache groups, the KV manager's time
+  per group (nested timers inside the manager's calls: off by default, so the manager's own total is
+  measured without them);
 * ``TAGMA_WRITE_PATH_FILE``: where a tagma worker writes how often its range write path ran;
 * ``TAGMA_WRITE_PATH_INTERVAL_S``: the least time between two rewrites of that file (default 1.0 s; 0:
   every call).
@@ -50,6 +53,7 @@ __all__ = [
     "ENV_VLLM_BUILD",
     "ENV_ENFORCE_EAGER",
     "ENV_HOST_TIME_FLUSH_S",
+    "ENV_HOST_TIME_GROUPS",
     "DEFAULT_HOST_TIME_FLUSH_S",
     "BACKENDS",
     "CLI_FLAG",
@@ -107,6 +111,7 @@ DEFAULT_RESERVE_ADMISSION: Final = "100/4"
 ENV_HOST_TIME_FILE: Final = "TAGMA_HOST_TIME_FILE"
 ENV_HOST_TIME_FLUSH_S: Final = "TAGMA_HOST_TIME_FLUSH_S"  # least time between two host-time file writes
 DEFAULT_HOST_TIME_FLUSH_S: Final = 0.5
+ENV_HOST_TIME_GROUPS: Final = "TAGMA_HOST_TIME_GROUPS"  # "1": per-KV-cache-group timers (several groups)
 ENV_WRITE_PATH_FILE: Final = "TAGMA_WRITE_PATH_FILE"  # the worker's range write-path counters (JSON)
 ENV_WRITE_PATH_INTERVAL_S: Final = "TAGMA_WRITE_PATH_INTERVAL_S"  # least time between two rewrites
 DEFAULT_WRITE_PATH_INTERVAL_S: Final = 1.0

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.analysis.host_time import GROUP_PREFIX, load_run
 from harness.analysis.runs import LATENCY_KEYS, ok_runs, request_values
 from harness.analysis.statistics import Comparison, compare_by_run, holm
 from harness.config import ARM_NAMES, SavedConfig
@@ -61,8 +62,6 @@ def host_steps(run: Mapping) -> dict[str, np.ndarray] | None:
     ``replay_end_ns`` where the run shares its server), in us per component, plus ``forward`` (the worker's
     execute_model wall time less its input preparation, where the worker's steps line up), ``num_reqs`` and
     ``end_ns``; None without host time."""
-    from harness.analysis.host_time import load_run
-
     try:
         host = load_run(host_dir(run))
     except (FileNotFoundError, ValueError):
@@ -72,11 +71,23 @@ def host_steps(run: Mapping) -> dict[str, np.ndarray] | None:
     if run.get("replay_end_ns"):
         keep &= s["end_ns"] <= int(run["replay_end_ns"])
     out = {name: s[col][keep] / 1000.0 for name, col in HOST_COMPONENTS.items() if col in s}
+    for name in host.groups:  # per KV cache group (TAGMA_HOST_TIME_GROUPS=1): parts of kv_manager
+        out[name] = s[f"{name}_ns_net"][keep] / 1000.0
     if "execute_wall_ns" in s and "worker_prepare" in out:
         out["forward"] = np.maximum(s["execute_wall_ns"][keep] / 1000.0 - out["worker_prepare"], 0.0)
     out["num_reqs"] = s["num_reqs"][keep].astype(float)
     out["end_ns"] = s["end_ns"][keep]
     return out
+
+
+def group_components(steps: Mapping[str, Sequence[tuple[Any, Mapping[str, Any]]]]) -> list[str]:
+    """The per-group components (``kv_group<g>_<kind>``) every run of both arms has, in group order."""
+    names: set[str] | None = None
+    for runs in steps.values():
+        for _, s in runs:
+            mine = {k for k in s if k.startswith(GROUP_PREFIX)}
+            names = mine if names is None else names & mine
+    return sorted(names or (), key=lambda k: int(k[len(GROUP_PREFIX):].split("_", 1)[0]))
 
 
 def host_time_comparisons(
@@ -92,7 +103,7 @@ def host_time_comparisons(
     if not all(steps.values()):
         return rows
     base, cand = ARM_NAMES
-    for name in HOST_COMPONENTS:
+    for name in (*HOST_COMPONENTS, *group_components(steps)):
         a = [s[name] for _, s in steps[base] if name in s]
         b = [s[name] for _, s in steps[cand] if name in s]
         if not a or not b:

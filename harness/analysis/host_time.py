@@ -12,6 +12,9 @@ Per-step arrays (numpy int64/float64, one entry per engine step, in step order):
   ``<x>_net``        the same with the clock's own cost taken out: each timed interval contains about one
                      read of the thread-CPU clock (``timer_overhead_ns``, measured in that process), and an
                      enclosing interval also both reads of every timed call inside it
+  ``kv_group<g>_<kind>_ns`` / ``_net``  with ``TAGMA_HOST_TIME_GROUPS=1``: the KV manager's time in group g's
+                     block work (kind ``full``, ``window<tokens>``, ``state``, ``other``); part of
+                     kv_manager_total_ns, whose ``_net`` then also loses both clock reads of each group call
 Idle steps (no token scheduled) are kept in the arrays; :func:`summarize` leaves them out.
 """
 
@@ -24,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from tagma.contract import HOST_TIME_FILE
-from tagma.probes.host_time import COLUMNS, HostTimeChunk, host_time_files, read_chunks
+from tagma.probes.host_time import COLUMNS, GROUP_KINDS, HostTimeChunk, host_time_files, read_chunks
 
-__all__ = ["BASE_NAME", "COMPONENTS", "HostTimeRun", "load_run", "summarize"]
+__all__ = ["BASE_NAME", "COMPONENTS", "GROUP_PREFIX", "HostTimeRun", "group_columns", "load_run", "summarize"]
 
 BASE_NAME = HOST_TIME_FILE  # the runner sets TAGMA_HOST_TIME_FILE=<run dir>/host_time.jsonl
 
@@ -46,6 +49,7 @@ class HostTimeRun:
     aligned: bool = False
     timer_overhead_ns: dict[str, int] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)  # per KV cache group: its component (kv_group<g>_...)
 
     @property
     def num_steps(self) -> int:
@@ -84,6 +88,52 @@ def _aligned(sched: dict[str, np.ndarray], worker: dict[str, np.ndarray]) -> boo
     )
 
 
+GROUP_PREFIX = "kv_group"
+
+
+def group_name(group: int, kind: int, window: int) -> str:
+    """A group's component name: ``kv_group1_window128``, ``kv_group0_full``."""
+    label = GROUP_KINDS[kind] if 0 <= kind < len(GROUP_KINDS) else "other"
+    return f"{GROUP_PREFIX}{group}_{label}{window if label == 'window' else ''}"
+
+
+def group_columns(steps: dict[str, np.ndarray], c: int, path: Path) -> list[str]:
+    """Add the per-group columns of ``path`` (a ``kv_groups`` file) to the scheduler's ``steps`` (same step
+    numbers), and take the group calls' clock reads out of the manager's net total. Returns the names."""
+    chunks = read_chunks(path)
+    rows = [row for ch in chunks for row in ch.rows]
+    if not rows:
+        return []
+    names = COLUMNS["kv_groups"]
+    table = np.asarray(rows, dtype=np.int64).reshape(len(rows), len(names))
+    col = {name: table[:, i] for i, name in enumerate(names)}
+    first = int(steps["step"][0]) if len(steps["step"]) else 0
+    n = len(steps["step"])
+    out: list[str] = []
+    nested_calls = np.zeros(n, dtype=np.int64)
+    for g in np.unique(col["group"]):
+        mine = col["group"] == g
+        kinds = np.unique(col["kind"][mine])
+        windows = np.unique(col["window"][mine])
+        if len(kinds) != 1 or len(windows) != 1:
+            raise ValueError(f"host time: {path}: group {g} changes kind or window between steps")
+        name = group_name(int(g), int(kinds[0]), int(windows[0]))
+        idx = col["step"][mine] - first
+        ok = (idx >= 0) & (idx < n)
+        if len(np.unique(idx[ok])) != int(ok.sum()):
+            raise ValueError(f"host time: {path}: group {g} has a step twice (a repeated chunk)")
+        ns = np.zeros(n, dtype=np.int64)
+        calls = np.zeros(n, dtype=np.int64)
+        ns[idx[ok]] = col["group_ns"][mine][ok]
+        calls[idx[ok]] = col["group_calls"][mine][ok]
+        steps[f"{name}_ns"] = ns
+        steps[f"{name}_ns_net"] = ns - c * calls
+        nested_calls += calls
+        out.append(name)
+    steps["kv_manager_total_ns_net"] = steps["kv_manager_total_ns_net"] - 2 * c * nested_calls
+    return out
+
+
 def load_run(path: str | Path) -> HostTimeRun:
     """The host time of one server lifetime: ``path`` is a run directory (holding the files written for
     ``<dir>/host_time.jsonl``) or the ``TAGMA_HOST_TIME_FILE`` path itself."""
@@ -116,6 +166,12 @@ def load_run(path: str | Path) -> HostTimeRun:
 
     run = HostTimeRun(backend=backend, steps=steps, timer_overhead_ns={"scheduler": c},
                       files=[str(sched_files[0])])  # fmt: skip
+    group_files = host_time_files(base, "kv_groups")
+    if len(group_files) > 1:
+        raise ValueError(f"host time: {len(group_files)} kv_groups files in {base.parent}")
+    for gf in group_files:
+        run.groups = group_columns(steps, c, gf)
+        run.files.append(str(gf))
     for wf in host_time_files(base, "worker"):
         chunks = read_chunks(wf)
         if not chunks:
@@ -185,7 +241,7 @@ def summarize(
     }
     if not reqs.size:
         return out
-    for name in components:
+    for name in (*components, *(f"{g}_ns_net" for g in run.groups)):
         if name in s:
             out["components"][name] = _stats(s[name][keep], reqs)
     return out

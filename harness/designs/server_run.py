@@ -58,6 +58,8 @@ def server_spec(cfg: BenchConfig, arm: Arm, run_dir: Path) -> ServerSpec:
     }
     if cfg.run.host_time:
         env[contract.ENV_HOST_TIME_FILE] = str(run_dir / contract.HOST_TIME_FILE)
+        if cfg.run.host_time_groups:
+            env[contract.ENV_HOST_TIME_GROUPS] = "1"
     return ServerSpec(
         model=cfg.model.path,
         backend=arm.backend,

@@ -183,6 +183,31 @@ def _attribution(maps: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+GROUP_ROW = "kv_group"  # host rows kv_group<g>_<kind>_us_per_step_mean (run.host_time_groups)
+GROUP_SUFFIX = "_us_per_step_mean"
+
+
+def _groups(maps: Sequence[dict[str, Any]]) -> list[str]:
+    """The KV manager's CPU per step in each KV cache group, where a map timed it (several groups)."""
+    lines = [
+        "| group | cell | KV cache group | paged us / step | tagma us / step | tagma / paged | run |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for _, job, c in ab_cells(maps):
+        keys = sorted((k for k in c["host"] if k.startswith(GROUP_ROW) and k.endswith(GROUP_SUFFIX)),
+                      key=lambda k: int(k[len(GROUP_ROW):].split("_", 1)[0]))  # fmt: skip
+        for k in keys:
+            row = c["host"][k]
+            name = k[len(GROUP_ROW) : -len(GROUP_SUFFIX)]
+            lines.append(
+                f"| {job['group']} | {_cell_label(c)} | {name} | {_f(row.get('baseline'))} | "
+                f"{_f(row.get('candidate'))} | {fmt_metric(row)} | {job['run_id']} |"
+            )
+    if len(lines) == 2:
+        return ["No map in these sources timed the KV manager per KV cache group (`run.host_time_groups`)."]
+    return lines
+
+
 def _aa_host(maps: Sequence[dict[str, Any]]) -> list[str]:
     rows = [(job, c) for _, job, c in ab_cells(maps, aa=True)]
     if not rows:
@@ -273,6 +298,17 @@ def document(sources: Mapping[str, Any], figures: Mapping[str, str]) -> str:
     ]
     if "predicted_vs_measured" in figures:
         lines += [f"![predicted vs measured]({figures['predicted_vs_measured']})", ""]
+    lines += [
+        "## The KV manager per KV cache group (models with several groups)",
+        "",
+        "Part of the KV manager row above: vLLM's time in each group's single-type manager, tagma's in its "
+        "per-group loop bodies (the hit search, joint over groups, is in neither).",
+        "",
+        *_groups(maps),
+        "",
+        *sources.get("group_notes", []),
+        "",
+    ]
     lines += gpu_projection(sources, maps)
     lines += gpu_kernels(sources)
     lines += host_section(sources)

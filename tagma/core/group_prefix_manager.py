@@ -405,7 +405,9 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         """Give a new request its hit in every group (the full group by one index walk, each window its
         run of side blocks after the blocks it skips) and recount the free blocks."""
         engine = self.engine
+        gt = self.group_time
         for g, (dropped, ids) in enumerate(hits.groups):
+            t0 = gt.start() if gt is not None else 0
             held = state[g]
             held.engine_request = engine.create_request()
             if g == self._full:
@@ -418,6 +420,8 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
                 self.sides.attach(held.engine_request, ids)
                 held.dropped = dropped
                 held.held = len(ids)
+            if gt is not None:
+                gt.stop(g, t0)
         self._cached[request.request_id] = hit
         self._fresh = None
         self._sync_free()
@@ -433,8 +437,12 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         full = state[self._full]
         if not full.engine_request:
             return
+        gt = self.group_time
+        t0 = gt.start() if gt is not None else 0
         indexed = self.index.insert(self._ns[rid], full.engine_request, request._all_token_ids, start * bs,
                                     full_blocks * bs)  # fmt: skip
+        if gt is not None:
+            gt.stop(self._full, t0)
         boundaries = list(replay_boundaries(request.num_prompt_tokens, bs, use_eagle=False))
         junction = getattr(request, "shared_prefix_boundary", 0)
         if junction:
@@ -443,6 +451,7 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
             held = state[g]
             if not held.engine_request:
                 continue
+            t0 = gt.start() if gt is not None else 0
             single = self._managers[g]
             mask = single.reachable_block_mask(
                 start_block=start,
@@ -458,6 +467,8 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
                     full.engine_request, self._side[g], held.engine_request, held.dropped, start, full_blocks,
                     None if mask is None else np.asarray(mask),
                 )
+            if gt is not None:
+                gt.stop(g, t0)
         self._cached[rid] = full_blocks if indexed >= full_blocks else _LOST
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
@@ -475,9 +486,13 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         state = self._reqs.pop(rid, None)
         if state is None:
             return
-        for held in state:
+        gt = self.group_time
+        for g, held in enumerate(state):
+            t0 = gt.start() if gt is not None else 0
             if held.engine_request:
                 self.engine.release(held.engine_request)
+            if gt is not None:
+                gt.stop(g, t0)
         self._sync_free()
 
     def pop_blocks_for_free(self, request: Request) -> GroupPrefixRelease:  # type: ignore[override]

@@ -142,6 +142,9 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
     SERVED_SPECS = (FullAttentionSpec, SlidingWindowSpec, MambaSpec)
     SERVED_MANAGERS = (FullAttentionManager, SlidingWindowManager, MambaManager)
     MAX_GROUPS = None
+    # The in-server host time's per-group timer (tagma.probes.host_time_hooks.GroupClock: start() / stop(g,
+    # t0) around each group's loop body); None, the default, times nothing.
+    group_time: Any = None
 
     @classmethod
     def unsupported(cls, kv_cache_config: KVCacheConfig, args: dict[str, Any]) -> str | None:
@@ -192,7 +195,9 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
         single-type manager, summed over the groups (``cap``: the recycling-aware admission cap; ``hit``: a
         new request's prefix-cache hit in blocks, which every group holds or skips)."""
         total = 0
+        gt = self.group_time
         for g, (window, bs, limit, extra) in enumerate(self._info):
+            t0 = gt.start() if gt is not None else 0
             required = -(-(num_tokens + extra) // bs)
             if cap and limit is not None and limit < required:
                 required = limit
@@ -207,6 +212,8 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
                     base = skipped
             if required > base:
                 total += required - base
+            if gt is not None:
+                gt.stop(g, t0)
         return total
 
     def _free_skipped(self, state: list[_Held], processed: int) -> bool:
@@ -214,7 +221,9 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
         ``remove_skipped_blocks``): one engine call per group whose window start crossed a block. Returns
         whether any block was released."""
         freed = False
+        gt = self.group_time
         for g, window, bs in self._window_info:
+            t0 = gt.start() if gt is not None else 0
             held = state[g]
             skipped = (processed - window + 1) // bs
             if skipped > held.dropped:
@@ -227,6 +236,8 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
                     self.block_pool._num_free += k
                     self._fresh = None
                     freed = True
+            if gt is not None:
+                gt.stop(g, t0)
         return freed
 
     def _num_blocks_to_allocate(
@@ -309,19 +320,22 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
         engine = self.engine
         pool = self.block_pool
         groups: list[tuple[int, list[int]]] = []
+        gt = self.group_time
         for g, held in enumerate(state):
+            t0 = gt.start() if gt is not None else 0
             n = -(-(need_tokens + self._info[g][3]) // self._block_sizes[g]) - held.dropped - held.held
-            if n <= 0:
-                groups.append((0, []))
-                continue
-            if held.engine_request == 0:
-                held.engine_request = engine.create_request()
-            runs = engine.append_runs(held.engine_request, n).ravel().tolist()
-            held.held += n
-            pool._num_free -= n
-            if self._zeroing[g]:
-                self._zero_ids.extend(ids_from_runs(runs, self._table))
+            runs: list[int] = []
+            if n > 0:
+                if held.engine_request == 0:
+                    held.engine_request = engine.create_request()
+                runs = engine.append_runs(held.engine_request, n).ravel().tolist()
+                held.held += n
+                pool._num_free -= n
+                if self._zeroing[g]:
+                    self._zero_ids.extend(ids_from_runs(runs, self._table))
             groups.append((0, runs))
+            if gt is not None:
+                gt.stop(g, t0)
         view = GroupBlocks(tuple(groups), self._table, pool)
         self._fresh = (rid, view) if fresh else None
         return view
@@ -338,10 +352,14 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
         state = self._reqs.pop(request.request_id, None)
         if state is None:
             return
-        for held in state:
+        gt = self.group_time
+        for g, held in enumerate(state):
+            t0 = gt.start() if gt is not None else 0
             if held.engine_request:
                 self.engine.release(held.engine_request)
                 self.block_pool._num_free += held.held
+            if gt is not None:
+                gt.stop(g, t0)
 
     def pop_blocks_for_free(self, request: Request) -> GroupRangeRelease:  # type: ignore[override]
         """The request's blocks in every group, held until the scheduler frees them through

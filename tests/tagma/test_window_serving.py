@@ -24,9 +24,11 @@ from typing import Any
 
 import pytest
 
+from harness.analysis.host_time import load_run
 from harness.serve.launcher import Server, ServerSpec, serving
 from harness.serve.server_telemetry import parse_prometheus
 from harness.serve.tiny_families import FAMILIES, build_family
+from tagma.contract import ENV_HOST_TIME_FILE, ENV_HOST_TIME_FLUSH_S, ENV_HOST_TIME_GROUPS, HOST_TIME_FILE
 
 pytestmark = pytest.mark.slow
 
@@ -95,10 +97,14 @@ def _metrics(base_url: str, names: dict[str, str] = METRICS) -> dict[str, float]
         return parse_prometheus(r.read().decode(), names)
 
 
-def server_spec(name: str, model: Path, backend: str) -> ServerSpec:
+def server_spec(name: str, model: Path, backend: str, host_dir: Path) -> ServerSpec:
     # kv_cache_space_gib fixes vLLM for CPU's KV memory: without it vLLM reserves a share of the RAM and
     # refuses to start when other processes hold more than the rest (a fresh CI run hit this).
-    return ServerSpec(model=str(model), backend=backend, dtype=FAMILIES[name].dtype,
+    # The in-server host time per KV cache group is on (it changes no token): test_host_time_per_group.
+    host_dir.mkdir(parents=True, exist_ok=True)
+    env = {ENV_HOST_TIME_FILE: str(host_dir / HOST_TIME_FILE), ENV_HOST_TIME_GROUPS: "1",
+           ENV_HOST_TIME_FLUSH_S: "0.2"}  # fmt: skip
+    return ServerSpec(model=str(model), backend=backend, dtype=FAMILIES[name].dtype, env=env,
                       max_model_len=MAX_MODEL_LEN, kv_cache_space_gib=1,
                       num_gpu_blocks_override=POOL_BLOCKS[name],
                       extra_args=(*SERVER_ARGS, "--max-num-seqs", str(MAX_NUM_SEQS[name]),
@@ -126,11 +132,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tok_dir: Path) -> dict[str, d
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for name in WINDOW_FAMILIES:
         model = build_family(root / name, name, tok_dir)
-        specs = [(server_spec(name, model, b), root / f"{name}-{b}.log") for b in BACKENDS]
+        specs = [(server_spec(name, model, b, root / f"{name}-{b}"), root / f"{name}-{b}.log")
+                 for b in BACKENDS]  # fmt: skip
         with serving(specs) as servers:
             out[name] = {b: drive(name, model, server) for b, server in zip(BACKENDS, servers, strict=True)}
-    summary = {n: {b: {k: v for k, v in r.items() if k != "tokens"} for b, r in arms.items()}
-               for n, arms in out.items()}  # fmt: skip
+        for b in BACKENDS:  # the servers have stopped: their last host-time records are on disk
+            out[name][b]["host_time"] = load_run(root / f"{name}-{b}")
+    shown = lambda r: {k: v for k, v in r.items() if k not in ("tokens", "host_time")}  # noqa: E731
+    summary = {n: {b: shown(r) for b, r in arms.items()} for n, arms in out.items()}
     print("window serving:", json.dumps(summary))
     return out
 
@@ -154,3 +163,30 @@ def test_tagma_generates_what_paged_generates(runs: dict[str, dict[str, dict[str
 def test_no_block_is_held_after_drain(runs: dict[str, dict[str, dict[str, Any]]], name: str) -> None:
     assert runs[name]["tagma"]["kv_usage"] == 0.0
     assert runs[name]["paged"]["kv_usage"] == 0.0
+
+
+# Groups per family (vLLM's grouping of the tiny models' layers): gpt-oss a window and a full group, Gemma 3
+# five window groups and one full, Mistral one window group (one group: no per-group timers).
+GROUPS = {
+    "gpt-oss": ["kv_group0_window128", "kv_group1_full"],
+    "gemma3": [*(f"kv_group{g}_window1024" for g in range(5)), "kv_group5_full"],
+    "mistral": [],
+}
+
+
+@pytest.mark.parametrize("name", WINDOW_FAMILIES)
+def test_host_time_per_group(runs: dict[str, dict[str, dict[str, Any]]], name: str) -> None:
+    """Both arms time the KV manager per group on the same terms: the same groups, each with time in the
+    busy steps, their sum inside the manager's own time."""
+    for backend in BACKENDS:
+        run = runs[name][backend]["host_time"]
+        assert run.backend == backend
+        assert sorted(run.groups) == sorted(GROUPS[name]), (backend, run.groups)
+        if not run.groups:
+            continue
+        steps = run.steps
+        busy = steps["num_tokens"] > 0
+        for group in run.groups:
+            assert steps[f"{group}_ns"][busy].sum() > 0, (backend, group)
+        in_groups = sum(steps[f"{g}_ns"][busy].sum() for g in run.groups)
+        assert in_groups < steps["kv_manager_total_ns"][busy].sum(), backend
