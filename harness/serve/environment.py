@@ -44,6 +44,29 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# The instruction sets that change how fast vLLM for CPU runs a model: bf16 weights run natively only with
+# AVX-512 BF16 or AMX (a VM's "model name" may hide the CPU's generation: "AMD EPYC" on AVX2 and AVX-512 VMs).
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_isa() -> dict:
+    """The CPU's family/model numbers and which of ``ISA_FLAGS`` it has (empty where /proc/cpuinfo is not)."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+            if key.strip() == "flags":
+                break
+    except OSError:
+        return {}
+    flags = set(fields.get("flags", "").split())
+    return {
+        "family_model": f"{fields.get('cpu family', '?')}/{fields.get('model', '?')}",
+        "flags": [f for f in ISA_FLAGS if f in flags],
+    }
+
+
 def git_state() -> dict:
     commit = _run(["git", "rev-parse", "HEAD"])
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"])
@@ -63,6 +86,7 @@ def environment() -> dict:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu": cpu_model(),
+        "cpu_isa": cpu_isa(),
         "cpu_count": os.cpu_count(),
         "memory_bytes": psutil.virtual_memory().total,
         "loadavg": [round(x, 2) for x in os.getloadavg()],  # a shared machine: how busy it was
