@@ -198,7 +198,8 @@ def _groups(maps: Sequence[dict[str, Any]]) -> list[str]:
                       key=lambda k: int(k[len(GROUP_ROW):].split("_", 1)[0]))  # fmt: skip
         for k in keys:
             row = c["host"][k]
-            name = k[len(GROUP_ROW) : -len(GROUP_SUFFIX)]
+            index, kind = k[len(GROUP_ROW) : -len(GROUP_SUFFIX)].split("_", 1)
+            name = f"{index} ({kind})"
             lines.append(
                 f"| {job['group']} | {_cell_label(c)} | {name} | {_f(row.get('baseline'))} | "
                 f"{_f(row.get('candidate'))} | {fmt_metric(row)} | {job['run_id']} |"
