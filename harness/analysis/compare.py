@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.analysis.host_time import GROUP_PREFIX, load_run
+from harness.analysis.host_time import GROUP_PREFIX, group_index, load_run
 from harness.analysis.runs import LATENCY_KEYS, ok_runs, request_values
 from harness.analysis.statistics import Comparison, compare_by_run, holm
 from harness.config import ARM_NAMES, SavedConfig
@@ -87,7 +87,7 @@ def group_components(steps: Mapping[str, Sequence[tuple[Any, Mapping[str, Any]]]
         for _, s in runs:
             mine = {k for k in s if k.startswith(GROUP_PREFIX)}
             names = mine if names is None else names & mine
-    return sorted(names or (), key=lambda k: int(k[len(GROUP_PREFIX):].split("_", 1)[0]))
+    return sorted(names or (), key=group_index)
 
 
 def host_time_comparisons(

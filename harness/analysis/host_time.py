@@ -29,7 +29,10 @@ import numpy as np
 from tagma.contract import HOST_TIME_FILE
 from tagma.probes.host_time import COLUMNS, GROUP_KINDS, HostTimeChunk, host_time_files, read_chunks
 
-__all__ = ["BASE_NAME", "COMPONENTS", "GROUP_PREFIX", "HostTimeRun", "group_columns", "load_run", "summarize"]
+__all__ = [
+    "BASE_NAME", "COMPONENTS", "GROUP_PREFIX", "HostTimeRun", "group_columns", "group_index", "load_run",
+    "summarize",
+]  # fmt: skip
 
 BASE_NAME = HOST_TIME_FILE  # the runner sets TAGMA_HOST_TIME_FILE=<run dir>/host_time.jsonl
 
@@ -89,6 +92,11 @@ def _aligned(sched: dict[str, np.ndarray], worker: dict[str, np.ndarray]) -> boo
 
 
 GROUP_PREFIX = "kv_group"
+
+
+def group_index(name: str) -> int:
+    """The group index of a per-group component or row name (``kv_group1_window128...`` -> 1)."""
+    return int(name[len(GROUP_PREFIX) :].split("_", 1)[0])
 
 
 def group_name(group: int, kind: int, window: int) -> str:

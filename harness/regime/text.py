@@ -9,6 +9,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from harness.analysis.host_time import GROUP_PREFIX, group_index
 from harness.analysis.statistics import DIRECTION_VERDICTS as SUPPORTED
 from harness.analysis.statistics import PARITY_MARGIN
 from harness.regime.figures import ab_cells
@@ -183,7 +184,7 @@ def _attribution(maps: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
-GROUP_ROW = "kv_group"  # host rows kv_group<g>_<kind>_us_per_step_mean (run.host_time_groups)
+GROUP_ROW = GROUP_PREFIX  # host rows kv_group<g>_<kind>_us_per_step_mean (run.host_time_groups)
 GROUP_SUFFIX = "_us_per_step_mean"
 
 
@@ -195,7 +196,7 @@ def _groups(maps: Sequence[dict[str, Any]]) -> list[str]:
     ]
     for _, job, c in ab_cells(maps):
         keys = sorted((k for k in c["host"] if k.startswith(GROUP_ROW) and k.endswith(GROUP_SUFFIX)),
-                      key=lambda k: int(k[len(GROUP_ROW):].split("_", 1)[0]))  # fmt: skip
+                      key=group_index)  # fmt: skip
         for k in keys:
             row = c["host"][k]
             index, kind = k[len(GROUP_ROW) : -len(GROUP_SUFFIX)].split("_", 1)
