@@ -3,8 +3,8 @@
 tagma serves one full-attention or MLA KV cache group (prefix caching on or off), full-attention,
 sliding-window and state (Mamba/GDN) groups with prefix caching off, and sliding-window groups beside a
 full-attention layer with prefix caching on, written through plain token-to-slot mappings; speculative
-decoding by ngram, a draft model or an EAGLE drafter beside one full-attention group. Everything else
-is refused with one line naming the feature. The KV cache manager (``tagma.core.manager``) repeats the
+decoding by ngram, a draft model or an EAGLE / EAGLE-3 drafter beside one full-attention group. Everything
+else is refused with one line naming the feature. The KV cache manager (``tagma.core.manager``) repeats the
 group/spec checks on the real ``KVCacheConfig`` in the engine core as a backstop for what only model loading
 reveals. What the model's config already tells about the KV cache
 groups (layer types, sliding windows, chunked attention, per-layer KV shapes) is refused here.
@@ -133,9 +133,13 @@ def _diffusion(c: Any) -> str | None:
 # blocks: the manager sees the same lookahead slots (num_speculative_tokens) and no EAGLE block drop, and the
 # drafter's slot kernels read the block-table rows tagma materializes. An EAGLE drafter (one decoder layer on
 # the target's hidden states, KV shaped as the target's) joins the target's one full-attention group too:
-# besides the lookahead slots, a prefix-cache hit loses its last block (use_eagle), as in vLLM.
+# besides the lookahead slots, a prefix-cache hit loses its last block (use_eagle), as in vLLM. An EAGLE-3
+# drafter reads the target's auxiliary hidden states (several layers' outputs, through its fc) where EAGLE
+# reads the last one: a difference inside the model runner, none for the KV cache (its layer's KV is shaped
+# as the target's, the same group, the same use_eagle hit rule). MTP (the target's own extra layers) and the
+# block drafters: refused.
 SERVED_SPECULATIVE_METHODS = ("ngram", "draft_model")
-EAGLE_METHODS = ("eagle",)  # eagle3 (the target's auxiliary hidden states), MTP and the rest: refused
+EAGLE_METHODS = ("eagle", "eagle3")
 
 
 def _kv_shape(config: Any) -> tuple[Any, Any]:
@@ -181,7 +185,7 @@ def _speculative(c: Any) -> str | None:
             return None
         return f"an EAGLE drafter with {reason} (--speculative-config method={method})"
     return (f"speculative decoding with a drafter on the target's hidden states (--speculative-config "
-            f"method={method}; served: ngram, draft_model, eagle)")
+            f"method={method}; served: ngram, draft_model, eagle, eagle3)")
 
 
 def _kv_connector(c: Any) -> str | None:

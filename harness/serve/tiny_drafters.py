@@ -1,4 +1,5 @@
-"""A tiny EAGLE drafter for the tiny Llama: one decoder layer on the target's hidden states, random weights.
+"""Tiny EAGLE and EAGLE-3 drafters for the tiny Llama: one decoder layer on the target's hidden states, random
+weights.
 
 An EAGLE checkpoint (vLLM's ``EagleLlamaForCausalLM``) is a Llama config with one layer and the weights of
 that layer (without its input norm: EAGLE's first layer reads ``fc``'s output directly) plus ``fc``, which
@@ -9,6 +10,12 @@ target's, so vLLM puts its layer in the target's KV cache group: its KV lives in
 Random weights propose tokens the target rarely accepts; what the drafter exercises is the KV cache side:
 lookahead slots every decode step, the drafter's own KV writes and reads through the block-table rows, and,
 with prefix caching on, vLLM's EAGLE rule that a hit loses its last block.
+
+An EAGLE-3 checkpoint (vLLM's ``Eagle3LlamaForCausalLM``) differs in what the layer reads: the target returns
+auxiliary hidden states from the layers named by ``eagle_aux_hidden_state_layer_ids`` (vLLM's default picks
+layers 2, n/2 and n-3, which a 2-layer target has not), ``fc`` maps their concatenation to hidden, and the
+layer's q/k/v read the normed embedding and ``hidden_norm``'s output side by side (2 x hidden). Its KV heads
+and head size are still the target's: the same KV cache group.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["build_eagle_drafter"]
+__all__ = ["build_eagle3_drafter", "build_eagle_drafter"]
 
 RECIPE = 1  # bump when the build changes, so stale builds are redone
 
@@ -46,6 +53,45 @@ def build_eagle_drafter(out_dir: Path, target_dir: Path, seed: int = 0) -> Path:
     }
     hidden = config.hidden_size
     weights["fc.weight"] = torch.randn(hidden, 2 * hidden) * config.initializer_range
+    save_file(weights, str(out_dir / "model.safetensors"))
+    config.save_pretrained(out_dir)
+    marker.write_text(wanted)  # written last: its presence means the build completed
+    return out_dir
+
+
+EAGLE3_AUX_LAYERS = (0, 1)  # the tiny Llama's two layers: the hidden states entering each
+
+
+def build_eagle3_drafter(out_dir: Path, target_dir: Path, seed: int = 0) -> Path:
+    """Write an EAGLE-3 drafter for the Llama in ``target_dir`` into ``out_dir`` unless a complete build of
+    the same recipe is there (weights in the layout of published EAGLE-3 checkpoints: ``midlayer.*``)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    marker = out_dir / "tiny_drafter.json"
+    wanted = json.dumps({"kind": "eagle3", "target": str(target_dir), "seed": seed, "recipe": RECIPE},
+                        sort_keys=True)
+    if marker.exists() and marker.read_text() == wanted:
+        return out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = LlamaConfig.from_pretrained(target_dir)
+    config.num_hidden_layers = 1
+    config.architectures = ["LlamaForCausalLMEagle3"]
+    # the target's model runner reads the layer ids, the drafter their count (for fc's input size)
+    config.eagle_aux_hidden_state_layer_ids = list(EAGLE3_AUX_LAYERS)
+    config.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(EAGLE3_AUX_LAYERS)}
+    torch.manual_seed(seed)
+    layer = LlamaForCausalLM(config).model.layers[0]
+    hidden = config.hidden_size
+    scale = config.initializer_range
+    weights = {f"midlayer.{name}": t.detach().contiguous() for name, t in layer.state_dict().items()}
+    for proj in ("q_proj", "k_proj", "v_proj"):  # read [normed embedding, normed hidden]: 2 x hidden
+        out_features = weights[f"midlayer.self_attn.{proj}.weight"].shape[0]
+        weights[f"midlayer.self_attn.{proj}.weight"] = torch.randn(out_features, 2 * hidden) * scale
+    weights["midlayer.hidden_norm.weight"] = torch.ones(hidden)
+    weights["norm.weight"] = torch.ones(hidden)
+    weights["fc.weight"] = torch.randn(hidden, len(EAGLE3_AUX_LAYERS) * hidden) * scale
     save_file(weights, str(out_dir / "model.safetensors"))
     config.save_pretrained(out_dir)
     marker.write_text(wanted)  # written last: its presence means the build completed

@@ -220,19 +220,22 @@ def test_a_draft_model_is_served() -> None:
 EAGLE_SPEC = {"method": "eagle", "model": str(TINY_MODEL), "num_speculative_tokens": 2}
 
 
-def test_an_eagle_drafter_sharing_the_target_s_group_is_served() -> None:
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_an_eagle_drafter_sharing_the_target_s_group_is_served(method: str) -> None:
     """Its layer has the target's KV shape, so it joins the target's one full-attention group (served in
-    tests/tagma/test_speculative_serving.py, caching off and on)."""
-    config = engine_config(additional_config=dict(TAGMA), speculative_config=EAGLE_SPEC,
+    tests/tagma/test_speculative_serving.py, caching off and on); EAGLE-3 differs in what the drafter reads
+    (the target's auxiliary hidden states), not in its KV."""
+    spec = {**EAGLE_SPEC, "method": method}
+    config = engine_config(additional_config=dict(TAGMA), speculative_config=spec,
                            enable_prefix_caching=False)  # fmt: skip
     assert fail_closed.unsupported_features(config) == []
     if not fail_closed.lookahead_hashes():  # vLLM 0.32
-        config = engine_config(additional_config=dict(TAGMA), speculative_config=EAGLE_SPEC)
+        config = engine_config(additional_config=dict(TAGMA), speculative_config=spec)
         assert fail_closed.unsupported_features(config) == []
     else:  # vLLM 0.33 hashes blocks with lookahead for EAGLE: refused with caching on
-        assert refusal(speculative_config=EAGLE_SPEC) == expect(
+        assert refusal(speculative_config=spec) == expect(
             "an EAGLE drafter with prefix caching on this vLLM's lookahead block hashes (tagma keys a block "
-            "by its tokens) (--speculative-config method=eagle)"
+            f"by its tokens) (--speculative-config method={method})"
         )
 
 
@@ -247,10 +250,10 @@ def test_an_eagle_drafter_outside_one_group_and_other_drafters_are_refused(model
         "an EAGLE drafter with a target with more than one full-attention KV cache group or MLA "
         "(--speculative-config method=eagle)"
     )
-    eagle3 = {**EAGLE_SPEC, "method": "eagle3"}
-    assert refusal(speculative_config=eagle3) == expect(
+    medusa = {**EAGLE_SPEC, "method": "medusa"}
+    assert refusal(speculative_config=medusa) == expect(
         "speculative decoding with a drafter on the target's hidden states (--speculative-config "
-        "method=eagle3; served: ngram, draft_model, eagle)"
+        "method=medusa; served: ngram, draft_model, eagle, eagle3)"
     )
 
 
@@ -331,10 +334,10 @@ def test_kv_cache_dtype_alone_is_supported() -> None:
 
 
 def test_every_feature_is_named_on_one_line() -> None:
-    message = refusal(speculative_config={**EAGLE_SPEC, "method": "eagle3"}, pipeline_parallel_size=2)
+    message = refusal(speculative_config={**EAGLE_SPEC, "method": "medusa"}, pipeline_parallel_size=2)
     assert message == (
         "tagma: unsupported: speculative decoding with a drafter on the target's hidden states "
-        "(--speculative-config method=eagle3; served: ngram, draft_model, eagle); "
+        "(--speculative-config method=medusa; served: ngram, draft_model, eagle, eagle3); "
         f"pipeline parallelism (--pipeline-parallel-size 2; untested){HINT}"
     )
 

@@ -19,6 +19,10 @@ slots). Two configurations, each a paged and a tagma server (started together, d
   drafter reads one prefill token ahead and writes its KV into the request's blocks. Random weights propose
   tokens the target rarely accepts, so acceptance is not checked (the hit rule is checked against vLLM's
   manager in lockstep in tests/tagma/test_prefix_manager.py).
+- an EAGLE-3 drafter (the same builder: its layer reads the target's auxiliary hidden states from both of its
+  layers through fc) with prefix caching on: for the KV cache the same as EAGLE (the target's group, the
+  hit rule, one prefill token read ahead); what differs is the model runner's path (the target returns the
+  auxiliary hidden states, the drafter combines them), which runs on both arms with tagma's block tables.
 Prompts repeat a phrase so that ngram finds drafts; greedy decoding; a pool small enough to preempt.
 Token ids must be identical per request; on both arms drafts must have been proposed, some of ngram's
 rejected and the self-drafting model's (nearly) all accepted; no block is held after the queue drained."""
@@ -35,7 +39,7 @@ from typing import Any
 import pytest
 
 from harness.serve.launcher import Server, ServerSpec, serving
-from harness.serve.tiny_drafters import build_eagle_drafter
+from harness.serve.tiny_drafters import build_eagle3_drafter, build_eagle_drafter
 from harness.serve.tiny_families import FAMILIES, build_family
 from tests.tagma.test_window_serving import _metrics, _post
 from tests.tagma.tiny_configs import TINY_MODEL
@@ -73,6 +77,8 @@ class Case:
 # An EAGLE drafter, built at test time into data/ beside the tiny model (EAGLE_DRAFTER).
 EAGLE_DRAFTER = TINY_MODEL.parent / "tiny-eagle"
 EAGLE = json.dumps({"method": "eagle", "model": str(EAGLE_DRAFTER), "num_speculative_tokens": 3})
+EAGLE3_DRAFTER = TINY_MODEL.parent / "tiny-eagle3"
+EAGLE3 = json.dumps({"method": "eagle3", "model": str(EAGLE3_DRAFTER), "num_speculative_tokens": 3})
 
 CASES = {
     "llama-caching": Case("llama", pool_blocks=90, caching=True),
@@ -84,6 +90,7 @@ CASES = {
                           output_tokens=(250, 350)),
     "llama-draft-model": Case("llama", pool_blocks=90, caching=True, speculative=DRAFT_MODEL),
     "llama-eagle": Case("llama", pool_blocks=90, caching=True, speculative=EAGLE),
+    "llama-eagle3": Case("llama", pool_blocks=90, caching=True, speculative=EAGLE3),
 }
 
 
@@ -129,6 +136,7 @@ def drive(case: Case, model: Path, server: Server) -> dict[str, Any]:
 def runs(tmp_path_factory: pytest.TempPathFactory, tok_dir: Path) -> dict[str, dict[str, dict[str, Any]]]:
     root = tmp_path_factory.mktemp("speculative-serving")
     build_eagle_drafter(EAGLE_DRAFTER, TINY_MODEL)
+    build_eagle3_drafter(EAGLE3_DRAFTER, TINY_MODEL)
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for name, case in CASES.items():
         model = TINY_MODEL if case.family == "llama" else build_family(root / name, case.family, tok_dir)
@@ -149,7 +157,7 @@ def test_tagma_generates_what_paged_generates(runs: dict[str, dict[str, dict[str
     for arm in (paged, tagma):
         if CASES[name].speculative == DRAFT_MODEL:  # drafting for itself from its KV in the request's blocks
             assert arm["draft_tokens"] > 0 and arm["accepted_tokens"] >= 0.99 * arm["draft_tokens"], arm
-        elif CASES[name].speculative == EAGLE:  # random weights: drafts proposed, acceptance not meaningful
+        elif CASES[name].speculative in (EAGLE, EAGLE3):  # random weights: acceptance is not meaningful
             assert arm["draft_tokens"] > 0, arm
         else:
             assert 0 < arm["accepted_tokens"] < arm["draft_tokens"], f"{name}: drafts proposed, some rejected"
