@@ -127,6 +127,7 @@ class SchedulerClock:
         # Per-group timers (install_group_timers) and, per pending step, their schedule-side share.
         self.groups: GroupClock | None = None  # tagma.probes.host_time_groups
         self.group_writer: Any = None
+        self._group_writer_made = False  # the factory is asked once (None: no file, rows dropped)
         self.pending_groups: collections.deque[tuple[list[int], list[int]]] = collections.deque()
 
     def restart(self, writer: Any) -> None:
@@ -140,13 +141,15 @@ class SchedulerClock:
         """Write ``groups``' per-step rows to ``writer`` (role ``kv_groups``; None: the process's file,
         made with the scheduler's) from the next step on."""
         self.groups, self.group_writer = groups, writer
+        self._group_writer_made = writer is not None
         self.pending_groups.clear()
 
     def ensure_writer(self, scheduler: Any) -> ChunkWriter | None:
         if not self._writer_made:
             self._writer_made = True
             self.writer = self.writer_factory("scheduler", _backend(getattr(scheduler, "vllm_config", None)))
-        if self.groups is not None and self.group_writer is None:
+        if self.groups is not None and not self._group_writer_made:
+            self._group_writer_made = True
             self.group_writer = self.writer_factory("kv_groups",
                                                     _backend(getattr(scheduler, "vllm_config", None)))
         return self.writer

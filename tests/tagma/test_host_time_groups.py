@@ -162,6 +162,22 @@ def test_rows_split_by_step_as_the_scheduler_row(monkeypatch: pytest.MonkeyPatch
     assert rows[0]["end_ns"] == sched.rows[0][-1]  # the scheduler row of the same step
 
 
+def test_a_missing_group_file_is_asked_for_once() -> None:
+    """Without a host-time file the factory gives no writer: asked once, not on every step."""
+    asked: list[str] = []
+
+    def factory(role: str, backend: str) -> None:
+        asked.append(role)
+
+    clock = hooks.SchedulerClock()
+    clock.writer_factory = factory  # type: ignore[assignment]
+    clock.attach_groups(GroupClock(clock, (1, 0), (128, 0)))
+    for _ in range(3):
+        clock.end_schedule(None, Out(), 100)
+        clock.end_update(50)
+    assert asked == ["scheduler", "kv_groups"]
+
+
 # ------------------------------------------------------------------------------------- the reader
 
 
