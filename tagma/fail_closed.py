@@ -3,10 +3,10 @@
 tagma serves one full-attention or MLA KV cache group (prefix caching on or off), full-attention,
 sliding-window and state (Mamba/GDN) groups with prefix caching off, and sliding-window groups beside a
 full-attention layer with prefix caching on, written through plain token-to-slot mappings; speculative
-decoding by ngram, a draft model or an EAGLE / EAGLE-3 drafter beside one full-attention group. Everything
-else is refused with one line naming the feature. The KV cache manager (``tagma.core.manager``) repeats the
-group/spec checks on the real ``KVCacheConfig`` in the engine core as a backstop for what only model loading
-reveals. What the model's config already tells about the KV cache
+decoding by ngram, a draft model, an EAGLE / EAGLE-3 drafter or a model's MTP layer beside one
+full-attention group. Everything else is refused with one line naming the feature. The KV cache manager
+(``tagma.core.manager``) repeats the group/spec checks on the real ``KVCacheConfig`` in the engine core as a
+backstop for what only model loading reveals. What the model's config already tells about the KV cache
 groups (layer types, sliding windows, chunked attention, per-layer KV shapes) is refused here.
 """
 
@@ -136,10 +136,12 @@ def _diffusion(c: Any) -> str | None:
 # besides the lookahead slots, a prefix-cache hit loses its last block (use_eagle), as in vLLM. An EAGLE-3
 # drafter reads the target's auxiliary hidden states (several layers' outputs, through its fc) where EAGLE
 # reads the last one: a difference inside the model runner, none for the KV cache (its layer's KV is shaped
-# as the target's, the same group, the same use_eagle hit rule). MTP (the target's own extra layers) and the
-# block drafters: refused.
+# as the target's, the same group, the same use_eagle hit rule). MTP (the target's own extra decoder layers,
+# vLLM's EAGLE path with the target's layers as the drafter) is the same for the KV cache where its layers'
+# KV joins the target's one group and each drafter reads one prefill token ahead; multi-module MTP (a
+# module per speculative token, each reading one token further) and the block drafters: refused.
 SERVED_SPECULATIVE_METHODS = ("ngram", "draft_model")
-EAGLE_METHODS = ("eagle", "eagle3")
+EAGLE_METHODS = ("eagle", "eagle3", "mtp")
 
 
 def _kv_shape(config: Any) -> tuple[Any, Any]:
@@ -179,13 +181,17 @@ def _speculative(c: Any) -> str | None:
     method = spec.method
     if method in EAGLE_METHODS:
         reason = _eagle_outside_one_group(c)
+        lookahead = getattr(c, "num_prefill_lookahead_tokens", 1)
+        if reason is None and lookahead > 1:
+            reason = f"a module per speculative token (multi-module MTP: {lookahead} prefill tokens ahead)"
         if reason is None and _prefix_index(c) and lookahead_hashes():
             reason = "prefix caching on this vLLM's lookahead block hashes (tagma keys a block by its tokens)"
         if reason is None:
             return None
-        return f"an EAGLE drafter with {reason} (--speculative-config method={method})"
+        kind = "an MTP drafter" if method == "mtp" else "an EAGLE drafter"
+        return f"{kind} with {reason} (--speculative-config method={method})"
     return (f"speculative decoding with a drafter on the target's hidden states (--speculative-config "
-            f"method={method}; served: ngram, draft_model, eagle, eagle3)")
+            f"method={method}; served: ngram, draft_model, eagle, eagle3, mtp)")
 
 
 def _kv_connector(c: Any) -> str | None:

@@ -16,6 +16,12 @@ auxiliary hidden states from the layers named by ``eagle_aux_hidden_state_layer_
 layers 2, n/2 and n-3, which a 2-layer target has not), ``fc`` maps their concatenation to hidden, and the
 layer's q/k/v read the normed embedding and ``hidden_norm``'s output side by side (2 x hidden). Its KV heads
 and head size are still the target's: the same KV cache group.
+
+An MTP model carries its drafter: MiMo (vLLM's ``MiMoForCausalLM``, Qwen2 layers) stores
+``num_nextn_predict_layers`` extra layers under ``model.mtp_layers.<i>``, each a decoder layer behind norms
+of the token's embedding and the last hidden state and an ``input_proj`` (2 x hidden to hidden). vLLM's
+``method=mtp`` loads them as the drafter (``MiMoMTP``); the decoder layer's KV is shaped as the target's, so
+it joins the target's one full-attention group.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["build_eagle3_drafter", "build_eagle_drafter"]
+from harness.serve.tiny_families import copy_tokenizer
+
+__all__ = ["build_eagle3_drafter", "build_eagle_drafter", "build_mtp_model"]
 
 RECIPE = 1  # bump when the build changes, so stale builds are redone
 
@@ -94,5 +102,42 @@ def build_eagle3_drafter(out_dir: Path, target_dir: Path, seed: int = 0) -> Path
     weights["fc.weight"] = torch.randn(hidden, len(EAGLE3_AUX_LAYERS) * hidden) * scale
     save_file(weights, str(out_dir / "model.safetensors"))
     config.save_pretrained(out_dir)
+    marker.write_text(wanted)  # written last: its presence means the build completed
+    return out_dir
+
+
+def build_mtp_model(out_dir: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """Write a tiny MiMo-shaped model (2 Qwen2 layers and one MTP layer, the tiny Llama's sizes, fp32) with
+    the tokenizer of ``tokenizer_dir`` into ``out_dir`` unless a complete build of the same recipe is
+    there."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    marker = out_dir / "tiny_drafter.json"
+    wanted = json.dumps({"kind": "mtp", "seed": seed, "recipe": RECIPE}, sort_keys=True)
+    if marker.exists() and marker.read_text() == wanted:
+        return out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = Qwen2Config(
+        vocab_size=8000, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=131072, tie_word_embeddings=False, bos_token_id=0,
+        eos_token_id=1, pad_token_id=2,
+    )  # fmt: skip
+    config.architectures = ["MiMoForCausalLM"]
+    config.num_nextn_predict_layers = 1
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    weights = {name: t.detach().contiguous() for name, t in model.state_dict().items()}
+    hidden = config.hidden_size
+    mtp = "model.mtp_layers.0."
+    block = Qwen2ForCausalLM(config).model.layers[0].state_dict()  # the MTP layer's decoder block
+    weights.update({mtp + name: t.detach().contiguous() for name, t in block.items()})
+    for norm in ("token_layernorm", "hidden_layernorm", "final_layernorm"):
+        weights[f"{mtp}{norm}.weight"] = torch.ones(hidden)
+    weights[f"{mtp}input_proj.weight"] = torch.randn(hidden, 2 * hidden) * config.initializer_range
+    save_file(weights, str(out_dir / "model.safetensors"))
+    config.save_pretrained(out_dir)
+    copy_tokenizer(tokenizer_dir, out_dir)
     marker.write_text(wanted)  # written last: its presence means the build completed
     return out_dir

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAMILIES", "Family", "build_family"]
+__all__ = ["FAMILIES", "Family", "build_family", "copy_tokenizer"]
 
 VOCAB = 8000
 SPECIAL = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2, "vocab_size": VOCAB}
@@ -88,6 +88,13 @@ FAMILIES: dict[str, Family] = {
 RECIPE = 2  # bump when a family's config changes, so stale builds are redone
 
 
+def copy_tokenizer(tokenizer_dir: Path, out_dir: Path) -> None:
+    """Copy a model directory's tokenizer files (and chat template) into ``out_dir``."""
+    for item in tokenizer_dir.iterdir():
+        if item.name.startswith(("tokenizer", "special_tokens")) or item.name == "chat_template.jinja":
+            shutil.copy(item, out_dir / item.name)
+
+
 def build_family(out_dir: Path, family: str, tokenizer_dir: Path, seed: int = 0) -> Path:
     """Write ``family``'s tiny model into ``out_dir`` (weights, config, the tokenizer of ``tokenizer_dir``)
     unless a complete build of the same recipe is there."""
@@ -106,8 +113,6 @@ def build_family(out_dir: Path, family: str, tokenizer_dir: Path, seed: int = 0)
     config = f.config()
     model = getattr(transformers, f.model)(config).to(getattr(torch, f.dtype))
     model.save_pretrained(out_dir)
-    for item in tokenizer_dir.iterdir():
-        if item.name.startswith(("tokenizer", "special_tokens")) or item.name == "chat_template.jinja":
-            shutil.copy(item, out_dir / item.name)
+    copy_tokenizer(tokenizer_dir, out_dir)
     marker.write_text(wanted)  # written last: its presence means the build completed
     return out_dir

@@ -239,6 +239,28 @@ def test_an_eagle_drafter_sharing_the_target_s_group_is_served(method: str) -> N
         )
 
 
+# A MiMo-shaped target (Qwen2 layers, vLLM's MiMoForCausalLM) with its MTP layers (config only)
+MIMO = {"architectures": ["MiMoForCausalLM"], "model_type": "qwen2"}
+
+
+def test_a_model_s_mtp_layer_is_served_and_multi_module_mtp_refused(models: Path) -> None:
+    """One MTP layer drafting (vLLM's EAGLE path, its layer's KV in the target's group, one prefill token read
+    ahead): served as EAGLE is (tests/tagma/test_speculative_serving.py). A module per speculative token
+    reads that many prefill tokens ahead: refused before the model loads."""
+    one = craft_model(models, "mimo-one", **MIMO, num_nextn_predict_layers=1)
+    spec = {"method": "mtp", "num_speculative_tokens": 1}
+    config = engine_config(one, additional_config=dict(TAGMA), speculative_config=spec,
+                           enable_prefix_caching=False)  # fmt: skip
+    assert config.speculative_config.method == "mtp"
+    assert fail_closed.unsupported_features(config) == []
+    two = craft_model(models, "mimo-two", **MIMO, num_nextn_predict_layers=2)
+    assert refusal(two, speculative_config={**spec, "num_speculative_tokens": 2},
+                   enable_prefix_caching=False) == expect(  # fmt: skip
+        "an MTP drafter with a module per speculative token (multi-module MTP: 2 prefill tokens ahead) "
+        "(--speculative-config method=mtp)"
+    )
+
+
 def test_an_eagle_drafter_outside_one_group_and_other_drafters_are_refused(models: Path) -> None:
     drafter = craft_model(models, "wide-drafter", num_key_value_heads=2, num_hidden_layers=1)
     assert refusal(speculative_config={**EAGLE_SPEC, "model": str(drafter)}) == expect(
@@ -253,7 +275,7 @@ def test_an_eagle_drafter_outside_one_group_and_other_drafters_are_refused(model
     medusa = {**EAGLE_SPEC, "method": "medusa"}
     assert refusal(speculative_config=medusa) == expect(
         "speculative decoding with a drafter on the target's hidden states (--speculative-config "
-        "method=medusa; served: ngram, draft_model, eagle, eagle3)"
+        "method=medusa; served: ngram, draft_model, eagle, eagle3, mtp)"
     )
 
 
@@ -337,7 +359,7 @@ def test_every_feature_is_named_on_one_line() -> None:
     message = refusal(speculative_config={**EAGLE_SPEC, "method": "medusa"}, pipeline_parallel_size=2)
     assert message == (
         "tagma: unsupported: speculative decoding with a drafter on the target's hidden states "
-        "(--speculative-config method=medusa; served: ngram, draft_model, eagle, eagle3); "
+        "(--speculative-config method=medusa; served: ngram, draft_model, eagle, eagle3, mtp); "
         f"pipeline parallelism (--pipeline-parallel-size 2; untested){HINT}"
     )
 

@@ -23,6 +23,9 @@ slots). Two configurations, each a paged and a tagma server (started together, d
   layers through fc) with prefix caching on: for the KV cache the same as EAGLE (the target's group, the
   hit rule, one prefill token read ahead); what differs is the model runner's path (the target returns the
   auxiliary hidden states, the drafter combines them), which runs on both arms with tagma's block tables.
+- a model with an MTP layer (harness/serve/tiny_drafters.py: a MiMo-shaped model, 2 Qwen2 layers and one
+  random-weight MTP layer) drafting one token per step through vLLM's EAGLE path (method=mtp), prefix caching
+  on: its MTP layer's KV joins the target's group; the same hit rule and read-ahead as EAGLE.
 Prompts repeat a phrase so that ngram finds drafts; greedy decoding; a pool small enough to preempt.
 Token ids must be identical per request; on both arms drafts must have been proposed, some of ngram's
 rejected and the self-drafting model's (nearly) all accepted; no block is held after the queue drained."""
@@ -39,7 +42,7 @@ from typing import Any
 import pytest
 
 from harness.serve.launcher import Server, ServerSpec, serving
-from harness.serve.tiny_drafters import build_eagle3_drafter, build_eagle_drafter
+from harness.serve.tiny_drafters import build_eagle3_drafter, build_eagle_drafter, build_mtp_model
 from harness.serve.tiny_families import FAMILIES, build_family
 from tests.tagma.test_window_serving import _metrics, _post
 from tests.tagma.tiny_configs import TINY_MODEL
@@ -79,6 +82,9 @@ EAGLE_DRAFTER = TINY_MODEL.parent / "tiny-eagle"
 EAGLE = json.dumps({"method": "eagle", "model": str(EAGLE_DRAFTER), "num_speculative_tokens": 3})
 EAGLE3_DRAFTER = TINY_MODEL.parent / "tiny-eagle3"
 EAGLE3 = json.dumps({"method": "eagle3", "model": str(EAGLE3_DRAFTER), "num_speculative_tokens": 3})
+# A model that carries its drafter (one MTP layer), built at test time into data/.
+MTP_MODEL = TINY_MODEL.parent / "tiny-mimo-mtp"
+MTP = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
 
 CASES = {
     "llama-caching": Case("llama", pool_blocks=90, caching=True),
@@ -91,6 +97,7 @@ CASES = {
     "llama-draft-model": Case("llama", pool_blocks=90, caching=True, speculative=DRAFT_MODEL),
     "llama-eagle": Case("llama", pool_blocks=90, caching=True, speculative=EAGLE),
     "llama-eagle3": Case("llama", pool_blocks=90, caching=True, speculative=EAGLE3),
+    "mimo-mtp": Case("mimo", pool_blocks=90, caching=True, speculative=MTP),
 }
 
 
@@ -139,7 +146,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tok_dir: Path) -> dict[str, d
     build_eagle3_drafter(EAGLE3_DRAFTER, TINY_MODEL)
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for name, case in CASES.items():
-        model = TINY_MODEL if case.family == "llama" else build_family(root / name, case.family, tok_dir)
+        if case.family == "mimo":
+            model = build_mtp_model(MTP_MODEL, TINY_MODEL)
+        else:
+            model = TINY_MODEL if case.family == "llama" else build_family(root / name, case.family, tok_dir)
         specs = [(server_spec(case, model, b), root / f"{name}-{b}.log") for b in BACKENDS]
         with serving(specs) as servers:
             out[name] = {b: drive(case, model, server) for b, server in zip(BACKENDS, servers, strict=True)}
@@ -157,7 +167,7 @@ def test_tagma_generates_what_paged_generates(runs: dict[str, dict[str, dict[str
     for arm in (paged, tagma):
         if CASES[name].speculative == DRAFT_MODEL:  # drafting for itself from its KV in the request's blocks
             assert arm["draft_tokens"] > 0 and arm["accepted_tokens"] >= 0.99 * arm["draft_tokens"], arm
-        elif CASES[name].speculative in (EAGLE, EAGLE3):  # random weights: acceptance is not meaningful
+        elif CASES[name].speculative in (EAGLE, EAGLE3, MTP):  # random weights: acceptance not meaningful
             assert arm["draft_tokens"] > 0, arm
         else:
             assert 0 < arm["accepted_tokens"] < arm["draft_tokens"], f"{name}: drafts proposed, some rejected"
