@@ -142,13 +142,23 @@ def test_the_xxhash_profile_gives_the_baseline_vllms_fastest_hash() -> None:
 
 
 @pytest.mark.parametrize(
-    ("profile", "caching"), [("hybrid", False), ("hybrid_cached", True), ("hybrid_long", False)]
+    ("profile", "cachings", "calibrated"),
+    [
+        ("hybrid", (False,), (True,)),
+        ("hybrid_cached", (True,), (True,)),
+        ("hybrid_long", (False,), (True,)),
+        ("hybrid_16k", (False,), (True,)),
+        ("hybrid_wide", (False, True), (False, True)),
+    ],
 )
-def test_the_hybrid_profiles_serve_the_tiny_gpt_oss_caching_off_and_on(profile: str, caching: bool) -> None:
+def test_the_hybrid_profiles_serve_the_tiny_gpt_oss_caching_off_and_on(
+    profile: str, cachings: tuple[bool, ...], calibrated: tuple[bool, ...]
+) -> None:
     """The hybrid cells run the gpt-oss-shaped model (two KV cache groups: window 128 + full) on both arms,
-    caching off (profile hybrid) or on (hybrid_cached: the group prefix manager), and their A/A runs too;
-    every cell's requests run past the window (hybrid_long: 4K and 16K prompts, within the model length).
-    The model's own args leave caching to the profile."""
+    caching off (profile hybrid) or on (hybrid_cached: the group prefix manager), both (hybrid_wide: the
+    quick map's grid, the A/A of the caching-on group), and their A/As run too; every closed and open
+    cell's requests run past the window (hybrid_long: 4K prompts, hybrid_16k: 16K), within the model
+    length. The model's own args leave caching to the profile."""
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
         cfg = compose(config_name="regime_map", overrides=[f"regime={profile}"])
     from omegaconf import OmegaConf
@@ -158,10 +168,12 @@ def test_the_hybrid_profiles_serve_the_tiny_gpt_oss_caching_off_and_on(profile: 
     assert cfg.model.family == "gpt-oss" and cfg.model.dtype == "bfloat16"
     assert not any("prefix-caching" in a for a in cfg.model.server_args)
     spec = map_spec(OmegaConf.to_container(cfg.regime, resolve=True))
-    (group,) = spec.groups
-    flag = "--enable-prefix-caching" if caching else "--no-enable-prefix-caching"
-    assert group.prefix_caching == caching and flag in group.server_args()
-    assert spec.aa_groups == (group.name,)
+    assert len(spec.groups) == len(cachings)
     window = FAMILIES["gpt-oss"].shape["sliding_window"]
-    assert all(c.prompt_tokens > window for c in group.cells)
-    assert all(c.prompt_tokens + c.output_tokens <= group.max_model_len for c in group.cells)
+    for group, caching, aa in zip(spec.groups, cachings, calibrated, strict=True):
+        flag = "--enable-prefix-caching" if caching else "--no-enable-prefix-caching"
+        assert group.prefix_caching == caching and flag in group.server_args()
+        assert (group.name in spec.aa_groups) == aa
+        grid = [c for c in group.cells if c.load != "trace"]
+        assert grid and all(c.prompt_tokens > window for c in grid)
+        assert all(c.prompt_tokens + c.output_tokens <= group.max_model_len for c in grid)
