@@ -174,6 +174,18 @@ def lookahead_hashes() -> bool:
     return "num_hash_lookahead_tokens" in SIGNATURE.parameters
 
 
+def _prefill_lookahead(c: Any) -> int:
+    """Prefill tokens the drafter reads ahead: vLLM's own count where it has one (0.32), else its rule (one
+    for the EAGLE family; multi-module MTP, a module per speculative token, that many)."""
+    value = getattr(c, "num_prefill_lookahead_tokens", None)
+    if value is not None:
+        return int(value)
+    spec = c.speculative_config
+    layers = getattr(spec.draft_model_config.hf_config, "num_nextn_predict_layers", None) or 1
+    tokens = spec.num_speculative_tokens
+    return tokens if spec.method == "mtp" and min(layers, tokens) > 1 else 1
+
+
 def _speculative(c: Any) -> str | None:
     spec = c.speculative_config
     if spec is None or spec.method in SERVED_SPECULATIVE_METHODS:
@@ -181,7 +193,7 @@ def _speculative(c: Any) -> str | None:
     method = spec.method
     if method in EAGLE_METHODS:
         reason = _eagle_outside_one_group(c)
-        lookahead = getattr(c, "num_prefill_lookahead_tokens", 1)
+        lookahead = _prefill_lookahead(c)
         if reason is None and lookahead > 1:
             reason = f"a module per speculative token (multi-module MTP: {lookahead} prefill tokens ahead)"
         if reason is None and _prefix_index(c) and lookahead_hashes():

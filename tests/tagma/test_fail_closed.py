@@ -261,6 +261,21 @@ def test_a_model_s_mtp_layer_is_served_and_multi_module_mtp_refused(models: Path
     )
 
 
+def test_the_read_ahead_follows_vllm_s_rule_where_its_config_has_no_count() -> None:
+    """A vLLM whose config has no ``num_prefill_lookahead_tokens``: one token for the EAGLE family and a
+    single MTP module, one per module for multi-module MTP."""
+    from types import SimpleNamespace
+
+    def config(method: str, layers: int, tokens: int) -> Any:
+        draft = SimpleNamespace(hf_config=SimpleNamespace(num_nextn_predict_layers=layers))
+        spec = SimpleNamespace(method=method, num_speculative_tokens=tokens, draft_model_config=draft)
+        return SimpleNamespace(speculative_config=spec)
+
+    assert fail_closed._prefill_lookahead(config("mtp", 1, 3)) == 1
+    assert fail_closed._prefill_lookahead(config("mtp", 3, 2)) == 2
+    assert fail_closed._prefill_lookahead(config("eagle", 3, 3)) == 1
+
+
 def test_an_eagle_drafter_outside_one_group_and_other_drafters_are_refused(models: Path) -> None:
     drafter = craft_model(models, "wide-drafter", num_key_value_heads=2, num_hidden_layers=1)
     assert refusal(speculative_config={**EAGLE_SPEC, "model": str(drafter)}) == expect(
