@@ -28,12 +28,35 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from harness.serve.tiny_families import copy_tokenizer
 
 __all__ = ["build_eagle3_drafter", "build_eagle_drafter", "build_mtp_model"]
 
 RECIPE = 1  # bump when the build changes, so stale builds are redone
+MARKER = "tiny_drafter.json"  # written last: its presence means the build completed
+
+
+def _wanted(out_dir: Path, **build: object) -> str | None:
+    """The marker of this build (``build`` and the recipe), or None when ``out_dir`` holds it complete;
+    ``out_dir`` exists afterwards."""
+    wanted = json.dumps({**build, "recipe": RECIPE}, sort_keys=True)
+    marker = out_dir / MARKER
+    if marker.exists() and marker.read_text() == wanted:
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return wanted
+
+
+def _one_layer_config(target_dir: Path, architecture: str) -> Any:
+    """The target Llama's config cut to one layer: a drafter's, named ``architecture``."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig.from_pretrained(target_dir)
+    config.num_hidden_layers = 1
+    config.architectures = [architecture]
+    return config
 
 
 def build_eagle_drafter(out_dir: Path, target_dir: Path, seed: int = 0) -> Path:
@@ -41,17 +64,12 @@ def build_eagle_drafter(out_dir: Path, target_dir: Path, seed: int = 0) -> Path:
     same recipe is there."""
     import torch
     from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    marker = out_dir / "tiny_drafter.json"
-    wanted = json.dumps({"kind": "eagle", "target": str(target_dir), "seed": seed, "recipe": RECIPE},
-                        sort_keys=True)
-    if marker.exists() and marker.read_text() == wanted:
+    wanted = _wanted(out_dir, kind="eagle", target=str(target_dir), seed=seed)
+    if wanted is None:
         return out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    config = LlamaConfig.from_pretrained(target_dir)
-    config.num_hidden_layers = 1
-    config.architectures = ["LlamaForCausalLM"]  # vLLM names it EagleLlamaForCausalLM for method=eagle
+    config = _one_layer_config(target_dir, "LlamaForCausalLM")  # vLLM names it EagleLlamaForCausalLM
     torch.manual_seed(seed)
     layer = LlamaForCausalLM(config).model.layers[0]
     weights = {
@@ -63,7 +81,7 @@ def build_eagle_drafter(out_dir: Path, target_dir: Path, seed: int = 0) -> Path:
     weights["fc.weight"] = torch.randn(hidden, 2 * hidden) * config.initializer_range
     save_file(weights, str(out_dir / "model.safetensors"))
     config.save_pretrained(out_dir)
-    marker.write_text(wanted)  # written last: its presence means the build completed
+    (out_dir / MARKER).write_text(wanted)
     return out_dir
 
 
@@ -75,17 +93,12 @@ def build_eagle3_drafter(out_dir: Path, target_dir: Path, seed: int = 0) -> Path
     the same recipe is there (weights in the layout of published EAGLE-3 checkpoints: ``midlayer.*``)."""
     import torch
     from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    marker = out_dir / "tiny_drafter.json"
-    wanted = json.dumps({"kind": "eagle3", "target": str(target_dir), "seed": seed, "recipe": RECIPE},
-                        sort_keys=True)
-    if marker.exists() and marker.read_text() == wanted:
+    wanted = _wanted(out_dir, kind="eagle3", target=str(target_dir), seed=seed)
+    if wanted is None:
         return out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    config = LlamaConfig.from_pretrained(target_dir)
-    config.num_hidden_layers = 1
-    config.architectures = ["LlamaForCausalLMEagle3"]
+    config = _one_layer_config(target_dir, "LlamaForCausalLMEagle3")
     # the target's model runner reads the layer ids, the drafter their count (for fc's input size)
     config.eagle_aux_hidden_state_layer_ids = list(EAGLE3_AUX_LAYERS)
     config.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(EAGLE3_AUX_LAYERS)}
@@ -102,7 +115,7 @@ def build_eagle3_drafter(out_dir: Path, target_dir: Path, seed: int = 0) -> Path
     weights["fc.weight"] = torch.randn(hidden, len(EAGLE3_AUX_LAYERS) * hidden) * scale
     save_file(weights, str(out_dir / "model.safetensors"))
     config.save_pretrained(out_dir)
-    marker.write_text(wanted)  # written last: its presence means the build completed
+    (out_dir / MARKER).write_text(wanted)
     return out_dir
 
 
@@ -114,11 +127,9 @@ def build_mtp_model(out_dir: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     from safetensors.torch import save_file
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    marker = out_dir / "tiny_drafter.json"
-    wanted = json.dumps({"kind": "mtp", "seed": seed, "recipe": RECIPE}, sort_keys=True)
-    if marker.exists() and marker.read_text() == wanted:
+    wanted = _wanted(out_dir, kind="mtp", seed=seed)
+    if wanted is None:
         return out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
     config = Qwen2Config(
         vocab_size=8000, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=4, max_position_embeddings=131072, tie_word_embeddings=False, bos_token_id=0,
@@ -139,5 +150,5 @@ def build_mtp_model(out_dir: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     save_file(weights, str(out_dir / "model.safetensors"))
     config.save_pretrained(out_dir)
     copy_tokenizer(tokenizer_dir, out_dir)
-    marker.write_text(wanted)  # written last: its presence means the build completed
+    (out_dir / MARKER).write_text(wanted)
     return out_dir
