@@ -287,10 +287,10 @@ def test_an_eagle_drafter_outside_one_group_and_other_drafters_are_refused(model
         "an EAGLE drafter with a target with more than one full-attention KV cache group or MLA "
         "(--speculative-config method=eagle)"
     )
-    medusa = {**EAGLE_SPEC, "method": "medusa"}
-    assert refusal(speculative_config=medusa) == expect(
+    other = {**EAGLE_SPEC, "method": "extract_hidden_states"}
+    assert refusal(speculative_config=other) == expect(
         "speculative decoding with a drafter on the target's hidden states (--speculative-config "
-        "method=medusa; served: ngram, draft_model, eagle, eagle3, mtp)"
+        "method=extract_hidden_states; served: ngram, draft_model, eagle, eagle3, mtp)"
     )
 
 
@@ -371,11 +371,14 @@ def test_kv_cache_dtype_alone_is_supported() -> None:
 
 
 def test_every_feature_is_named_on_one_line() -> None:
-    message = refusal(speculative_config={**EAGLE_SPEC, "method": "medusa"}, pipeline_parallel_size=2)
+    # (a drafter vLLM refuses pipeline parallelism for itself would not reach tagma's check: a KV connector)
+    other = {**EAGLE_SPEC, "method": "extract_hidden_states"}
+    connector = {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}
+    message = refusal(speculative_config=other, kv_transfer_config=connector)
     assert message == (
         "tagma: unsupported: speculative decoding with a drafter on the target's hidden states "
-        "(--speculative-config method=medusa; served: ngram, draft_model, eagle, eagle3, mtp); "
-        f"pipeline parallelism (--pipeline-parallel-size 2; untested){HINT}"
+        "(--speculative-config method=extract_hidden_states; served: ngram, draft_model, eagle, eagle3, "
+        f"mtp); KV connectors (--kv-transfer-config, kv_connector=ExampleConnector){HINT}"
     )
 
 
