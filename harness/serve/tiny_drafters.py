@@ -119,22 +119,26 @@ def build_eagle3_drafter(out_dir: Path, target_dir: Path, seed: int = 0) -> Path
     return out_dir
 
 
-def build_mtp_model(out_dir: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
-    """Write a tiny MiMo-shaped model (2 Qwen2 layers and one MTP layer, the tiny Llama's sizes, fp32) with
-    the tokenizer of ``tokenizer_dir`` into ``out_dir`` unless a complete build of the same recipe is
-    there."""
+# The tiny Llama's sizes and special tokens the MiMo-shaped model takes (the rest: Qwen2's defaults)
+MTP_SIZES = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings", "bos_token_id", "eos_token_id",
+    "pad_token_id",
+)  # fmt: skip
+
+
+def build_mtp_model(out_dir: Path, llama_dir: Path, seed: int = 0) -> Path:
+    """Write a tiny MiMo-shaped model (2 Qwen2 layers and one MTP layer, fp32) with the sizes and tokenizer of
+    the tiny Llama in ``llama_dir`` into ``out_dir`` unless a complete build of the same recipe is there."""
     import torch
     from safetensors.torch import save_file
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import LlamaConfig, Qwen2Config, Qwen2ForCausalLM
 
     wanted = _wanted(out_dir, kind="mtp", seed=seed)
     if wanted is None:
         return out_dir
-    config = Qwen2Config(
-        vocab_size=8000, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=131072, tie_word_embeddings=False, bos_token_id=0,
-        eos_token_id=1, pad_token_id=2,
-    )  # fmt: skip
+    llama = LlamaConfig.from_pretrained(llama_dir)
+    config = Qwen2Config(**{name: getattr(llama, name) for name in MTP_SIZES})
     config.architectures = ["MiMoForCausalLM"]
     config.num_nextn_predict_layers = 1
     torch.manual_seed(seed)
@@ -149,6 +153,6 @@ def build_mtp_model(out_dir: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     weights[f"{mtp}input_proj.weight"] = torch.randn(hidden, 2 * hidden) * config.initializer_range
     save_file(weights, str(out_dir / "model.safetensors"))
     config.save_pretrained(out_dir)
-    copy_tokenizer(tokenizer_dir, out_dir)
+    copy_tokenizer(llama_dir, out_dir)
     (out_dir / MARKER).write_text(wanted)
     return out_dir

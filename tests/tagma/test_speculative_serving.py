@@ -19,10 +19,11 @@ slots). Two configurations, each a paged and a tagma server (started together, d
   drafter reads one prefill token ahead and writes its KV into the request's blocks. Random weights propose
   tokens the target rarely accepts, so acceptance is not checked (the hit rule is checked against vLLM's
   manager in lockstep in tests/tagma/test_prefix_manager.py).
-- an EAGLE-3 drafter (the same builder: its layer reads the target's auxiliary hidden states from both of its
-  layers through fc) with prefix caching on: for the KV cache the same as EAGLE (the target's group, the
-  hit rule, one prefill token read ahead); what differs is the model runner's path (the target returns the
-  auxiliary hidden states, the drafter combines them), which runs on both arms with tagma's block tables.
+- an EAGLE-3 drafter (harness/serve/tiny_drafters.py: its layer reads the target's auxiliary hidden states
+  from both of its layers through fc) with prefix caching on: for the KV cache the same as EAGLE (the
+  target's group, the hit rule, one prefill token read ahead); what differs is the model runner's path (the
+  target returns the auxiliary hidden states, the drafter combines them), which runs on both arms with
+  tagma's block tables.
 - a model with an MTP layer (harness/serve/tiny_drafters.py: a MiMo-shaped model, 2 Qwen2 layers and one
   random-weight MTP layer) drafting one token per step through vLLM's EAGLE path (method=mtp), prefix caching
   on: its MTP layer's KV joins the target's group; the same hit rule and read-ahead as EAGLE.
@@ -69,7 +70,7 @@ DRAFT_MODEL = json.dumps({"method": "draft_model", "model": str(TINY_MODEL), "nu
 
 @dataclass(frozen=True)
 class Case:
-    family: str  # "llama" (the tiny model) or a harness.serve.tiny_families name
+    family: str  # "llama" (the tiny model), "mimo" (build_mtp_model) or a tiny_families name
     pool_blocks: int  # every request fits alone, the concurrent wave does not
     caching: bool
     speculative: str = SPECULATIVE
