@@ -81,7 +81,9 @@ class RunConfig:
     concurrency); ``paired`` keeps one server of each arm up at once and sends each prompt to both, one
     request at a time, alternating which arm goes first, ``repeats`` rounds of fresh server pairs.
     ``primary_metrics`` get a verdict under a family-wise (Holm) correction at level ``alpha``; every other
-    metric is descriptive. ``pin_client`` keeps the client off the cores vLLM binds its compute threads to.
+    metric is descriptive. ``pin_client`` keeps the client off the cores vLLM binds its compute threads to;
+    ``pin_server_host`` moves the server's host processes (API server, engine core) off them too, leaving the
+    model worker's compute core to the worker alone.
     ``host_time`` records in-server CPU time per scheduler step on both arms; ``host_time_groups`` adds, for a
     model with several KV cache groups, the KV manager's time per group (nested timers: the regime maps
     leave them off so that their manager totals are measured as before).
@@ -101,6 +103,7 @@ class RunConfig:
     primary_metrics: tuple[str, ...] = DEFAULT_PRIMARY
     alpha: float = 0.05
     pin_client: bool = True
+    pin_server_host: bool = False
     host_time: bool = True
     host_time_groups: bool = True
     quiet_loadavg: float = 0.5

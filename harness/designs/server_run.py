@@ -26,7 +26,14 @@ from harness.config import Arm, BenchConfig
 from harness.files import read_json, write_json, write_jsonl
 from harness.metrics import summarize
 from harness.serve.launcher import Server, ServerError, ServerSpec
-from harness.serve.noise import NoiseProbe, NoiseRecord, bound_cores, client_cores, loadavg_1min
+from harness.serve.noise import (
+    NoiseProbe,
+    NoiseRecord,
+    bound_cores,
+    client_cores,
+    loadavg_1min,
+    pin_host_processes,
+)
 from harness.serve.server_telemetry import TelemetrySampler
 from harness.workload.spec import Workload
 
@@ -105,6 +112,11 @@ class ServerRun:
         self.status.update(startup_s=self.server.startup_s, kv_capacity_tokens=self.server.kv_capacity_tokens,
                            enforce_eager=self.server.spec.enforce_eager,
                            bound_cores=sorted(bound_cores(self.dir / "server.log")))  # fmt: skip
+        if self.cfg.run.pin_server_host and self.server.proc is not None:
+            bound = bound_cores(self.dir / "server.log")
+            cores = client_cores(bound)
+            if bound and cores != bound:  # else there is no other core to move the host processes to
+                self.status["host_pinned"] = pin_host_processes(self.server.proc.pid, cores)
         return self
 
     def __exit__(self, *exc: object) -> None:

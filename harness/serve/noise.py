@@ -9,7 +9,9 @@ A run is flagged ``under_load`` when that load average or the steal share says t
 
 vLLM for CPU binds its OpenMP compute threads to the cores it logs ("local_rank=0, core ids=[1]"); the
 client process is pinned to the other cores for the replay only, so servers started later are not
-confined by an inherited affinity mask.
+confined by an inherited affinity mask. With ``run.pin_server_host`` the server's own host processes (the
+API server and the engine core: every process of its tree but the model worker) are moved off those cores
+too, so the worker's compute core runs nothing else of ours (:func:`pin_host_processes`).
 """
 
 from __future__ import annotations
@@ -128,3 +130,37 @@ def pinned(cores: set[int] | None) -> Iterator[set[int]]:
         yield cores
     finally:
         os.sched_setaffinity(0, before)
+
+
+def _threads(proc: psutil.Process) -> list[int]:
+    with contextlib.suppress(psutil.Error):
+        return [t.id for t in proc.threads()]
+    return []
+
+
+def pin_host_processes(server_pid: int, cores: set[int], worker_marker: str = "Worker") -> dict:
+    """Move every thread of the server's host processes (the tree of ``server_pid`` but the model workers,
+    whose name or command line holds ``worker_marker``) to ``cores``. Threads they start later inherit the
+    mask. Returns what was done: the cores, the pinned processes' names and their thread count. A tree with
+    no worker process (the model runs inside the engine core) is left as it is: its compute threads would
+    move too."""
+
+    def is_worker(proc: psutil.Process) -> bool:
+        with contextlib.suppress(psutil.Error):
+            return worker_marker in proc.name() or worker_marker in " ".join(proc.cmdline())
+        return False
+
+    tree = _tree(server_pid)
+    hosts = [p for p in tree if not is_worker(p)]
+    if len(hosts) == len(tree):
+        return {"skipped": f"no process named {worker_marker!r} in the server's tree"}
+    pinned_names: list[str] = []
+    threads = 0
+    for proc in hosts:
+        with contextlib.suppress(psutil.Error):
+            for tid in _threads(proc):
+                with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                    os.sched_setaffinity(tid, cores)
+                    threads += 1
+            pinned_names.append(proc.name())
+    return {"cores": sorted(cores), "processes": sorted(pinned_names), "threads": threads}

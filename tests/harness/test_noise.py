@@ -8,7 +8,17 @@ import sys
 import time
 from pathlib import Path
 
-from harness.serve.noise import NoiseProbe, bound_cores, client_cores, pinned, tree_counters
+import psutil
+import pytest
+
+from harness.serve.noise import (
+    NoiseProbe,
+    bound_cores,
+    client_cores,
+    pin_host_processes,
+    pinned,
+    tree_counters,
+)
 
 # What vLLM for CPU logs about its OpenMP binding (vllm/utils/ompmultiprocessing.py), as seen here.
 BINDING_LOG = """INFO 12-03 08:01:02 [ompmultiprocessing.py:185] OpenMP thread binding info:
@@ -59,3 +69,51 @@ def test_probe_counts_a_busy_process_tree() -> None:
     assert not record.under_load or record.steal_fraction > 0.02
     loaded = NoiseProbe(os.getpid(), loadavg_before=3.0, quiet_loadavg=0.5).finish()
     assert loaded.under_load and loaded.loadavg_before == 3.0
+
+
+def _tree_with_worker(worker: bool) -> subprocess.Popen:
+    """A parent (the 'API server') whose child is named a model worker by its argument, or not."""
+    # the name is joined in the child's argv only: the parent's own command line must not hold it
+    name = "'VLLM-Work' + 'er'" if worker else "'EngineCore'"
+    child = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)', {name}]); time.sleep(30)"  # noqa: E501
+    parent = subprocess.Popen([sys.executable, "-c", child])
+    deadline = time.monotonic() + 10
+    while not psutil.Process(parent.pid).children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return parent
+
+
+def _stop(parent: subprocess.Popen) -> None:
+    for p in psutil.Process(parent.pid).children(recursive=True):
+        p.kill()
+    parent.kill()
+    parent.wait(timeout=10)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to move processes between")
+def test_host_processes_leave_the_workers_core_and_the_worker_stays() -> None:
+    allowed = os.sched_getaffinity(0)
+    host_cores = {max(allowed)}
+    parent = _tree_with_worker(worker=True)
+    try:
+        done = pin_host_processes(parent.pid, host_cores)
+        worker = psutil.Process(parent.pid).children()[0]
+        assert done["cores"] == sorted(host_cores) and done["threads"] >= 1 and len(done["processes"]) == 1
+        assert os.sched_getaffinity(parent.pid) == host_cores  # every thread of the host process
+        assert all(os.sched_getaffinity(t.id) == host_cores for t in psutil.Process(parent.pid).threads())
+        assert os.sched_getaffinity(worker.pid) == allowed  # the worker is left where vLLM put it
+    finally:
+        _stop(parent)
+
+
+def test_a_tree_without_a_worker_is_left_alone() -> None:
+    """The model would run inside the engine core: moving it would move the compute threads too."""
+    allowed = os.sched_getaffinity(0)
+    parent = _tree_with_worker(worker=False)
+    try:
+        done = pin_host_processes(parent.pid, {max(allowed)})
+        assert "skipped" in done
+        assert all(os.sched_getaffinity(p.pid) == allowed for p in psutil.Process(parent.pid).children())
+        assert os.sched_getaffinity(parent.pid) == allowed
+    finally:
+        _stop(parent)
