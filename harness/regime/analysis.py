@@ -95,6 +95,15 @@ def _row(c: Comparison, alpha: float) -> dict[str, Any]:
     }
 
 
+def _forward_us(run: Mapping[str, Any]) -> float | None:
+    """The lifetime's model forward, us per busy step of the segment: the same model code on both arms, so
+    its spread between lifetimes is the machine's (None without host time)."""
+    steps = host_steps(run)
+    if steps is None or "forward" not in steps or not len(steps["forward"]):
+        return None
+    return float(steps["forward"].mean())
+
+
 def analyse_cell(cell_dir: Path, n_boot: int = 200) -> dict[str, Any]:
     """Everything the findings say about one cell, from its run directory."""
     config = read_json(cell_dir / "config.json")
@@ -126,7 +135,7 @@ def analyse_cell(cell_dir: Path, n_boot: int = 200) -> dict[str, Any]:
         # here, where the arms' means hide it
         "per_run": [
             {"run": Path(r["dir"]).name, "index": r.get("index"), "arm": r.get("arm"),
-             **{m: r["summary"].get(m) for m in MAP_PRIMARY}}
+             **{m: r["summary"].get(m) for m in MAP_PRIMARY}, "forward_us_per_step": _forward_us(r)}
             for r in runs
             if r["status"] == "ok"
         ],  # fmt: skip

@@ -117,7 +117,8 @@ def pooled_section(maps: Sequence[dict[str, Any]], notes: Sequence[str] = ()) ->
     return [*lines, ""]
 
 
-ORDER_METRICS = ("p50_ttft_ms", "p50_tpot_ms", "output_throughput")
+# forward_us_per_step: the model forward per busy step, the same code on both arms (the machine's spread)
+ORDER_METRICS = ("p50_ttft_ms", "p50_tpot_ms", "output_throughput", "forward_us_per_step")
 
 
 def order_section(maps: Sequence[dict[str, Any]], metrics: Sequence[str] = ORDER_METRICS) -> list[str]:

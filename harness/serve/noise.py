@@ -118,18 +118,33 @@ def client_cores(busy: set[int]) -> set[int]:
     return free or allowed
 
 
+def _own_threads() -> list[int]:
+    return [t.id for t in psutil.Process().threads()]
+
+
+def _set_threads(masks: dict[int, set[int]]) -> None:
+    for tid, cores in masks.items():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, cores)
+
+
 @contextlib.contextmanager
 def pinned(cores: set[int] | None) -> Iterator[set[int]]:
-    """Run the block with this process on ``cores`` (None: unchanged); the old affinity comes back after."""
+    """Run the block with every thread of this process on ``cores`` (None: unchanged), the telemetry sampler's
+    too (a mask set with pid 0 binds the calling thread only); each thread's old affinity comes back after."""
     before = os.sched_getaffinity(0)
     if not cores or cores == before:
         yield before
         return
-    os.sched_setaffinity(0, cores)
+    saved: dict[int, set[int]] = {}
+    for tid in _own_threads():
+        with contextlib.suppress(OSError):
+            saved[tid] = os.sched_getaffinity(tid)
+    _set_threads({tid: cores for tid in saved})
     try:
         yield cores
     finally:
-        os.sched_setaffinity(0, before)
+        _set_threads(saved)
 
 
 def _threads(proc: psutil.Process) -> list[int]:

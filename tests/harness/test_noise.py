@@ -54,6 +54,24 @@ def test_pinned_restores_the_affinity() -> None:
         assert os.sched_getaffinity(0) == before
 
 
+def test_pinned_moves_every_thread_of_the_process_and_brings_each_back() -> None:
+    """A thread started before the block (the telemetry sampler) is pinned too."""
+    import threading
+
+    before = os.sched_getaffinity(0)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    try:
+        assert other.native_id is not None
+        with pinned({min(before)}):
+            assert os.sched_getaffinity(other.native_id) == {min(before)}
+        assert os.sched_getaffinity(other.native_id) == before
+    finally:
+        stop.set()
+        other.join(timeout=5)
+
+
 def test_probe_counts_a_busy_process_tree() -> None:
     spin = "import time\nt = time.time()\nwhile time.time() - t < 0.6: pass"
     child = subprocess.Popen([sys.executable, "-c", spin])
