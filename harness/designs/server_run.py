@@ -109,11 +109,11 @@ class ServerRun:
         self.status["loadavg_before"] = round(loadavg_1min(), 2)
         self.server = Server(server_spec(self.cfg, self.arm, self.dir), self.dir / "server.log")
         self.server.start()
+        bound = bound_cores(self.dir / "server.log")
         self.status.update(startup_s=self.server.startup_s, kv_capacity_tokens=self.server.kv_capacity_tokens,
                            enforce_eager=self.server.spec.enforce_eager,
-                           bound_cores=sorted(bound_cores(self.dir / "server.log")))  # fmt: skip
+                           bound_cores=sorted(bound))  # fmt: skip
         if self.cfg.run.pin_server_host and self.server.proc is not None:
-            bound = bound_cores(self.dir / "server.log")
             cores = client_cores(bound)
             if bound and cores != bound:  # else there is no other core to move the host processes to
                 self.status["host_pinned"] = pin_host_processes(self.server.proc.pid, cores)

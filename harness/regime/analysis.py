@@ -50,11 +50,12 @@ def mde(c: Comparison, alpha: float = 0.05) -> float | None:
     return math.exp(h * (1 + Z_POWER / NormalDist().inv_cdf(1 - alpha / 2))) - 1
 
 
-def step_composition(runs: Sequence[dict], arm: str, backends: Sequence[str]) -> dict[str, Any] | None:
-    """Mean us per busy step of each part, averaged over the arm's runs (each run weighs the same)."""
-    per_run = [
-        s for r in ok_runs(runs, arm, backends) if (s := host_steps(r)) is not None and len(s["num_reqs"])
-    ]
+def step_composition(
+    runs: Sequence[dict], arm: str, backends: Sequence[str], steps: Mapping[str, Mapping | None]
+) -> dict[str, Any] | None:
+    """Mean us per busy step of each part, averaged over the arm's runs (each run weighs the same);
+    ``steps``: each run's busy steps (``host_steps``) by run directory."""
+    per_run = [s for r in ok_runs(runs, arm, backends) if (s := steps.get(r["dir"])) and len(s["num_reqs"])]
     if not per_run:
         return None
     parts = [p for p in (*HOST_PARTS, "forward") if all(p in s for s in per_run)]
@@ -95,10 +96,9 @@ def _row(c: Comparison, alpha: float) -> dict[str, Any]:
     }
 
 
-def _forward_us(run: Mapping[str, Any]) -> float | None:
+def _forward_us(steps: Mapping[str, Any] | None) -> float | None:
     """The lifetime's model forward, us per busy step of the segment: the same model code on both arms, so
     its spread between lifetimes is the machine's (None without host time)."""
-    steps = host_steps(run)
     if steps is None or "forward" not in steps or not len(steps["forward"]):
         return None
     return float(steps["forward"].mean())
@@ -114,7 +114,8 @@ def analyse_cell(cell_dir: Path, n_boot: int = 200) -> dict[str, Any]:
     rows = [c for c in comparisons(runs, config, n_boot) if c.metric in MAP_PRIMARY]
     rows = holm(rows, alpha=alpha)  # the cell's own family: the five metrics above
     host_rows = host_time_comparisons(runs, config, n_boot)
-    comp = {a: step_composition(runs, a, backends) for a in ARMS}
+    steps = {r["dir"]: host_steps(r) for r in runs if r["status"] == "ok"}  # read once: the files are large
+    comp = {a: step_composition(runs, a, backends, steps) for a in ARMS}
     predicted = predicted_step_ratio(comp[ARMS[0]], comp[ARMS[1]])
     metrics = {c.metric: _row(c, alpha) for c in rows}
     measured_tpot = metrics.get("p50_tpot_ms", {}).get("ratio")
@@ -135,7 +136,8 @@ def analyse_cell(cell_dir: Path, n_boot: int = 200) -> dict[str, Any]:
         # here, where the arms' means hide it
         "per_run": [
             {"run": Path(r["dir"]).name, "index": r.get("index"), "arm": r.get("arm"),
-             **{m: r["summary"].get(m) for m in MAP_PRIMARY}, "forward_us_per_step": _forward_us(r)}
+             **{m: r["summary"].get(m) for m in MAP_PRIMARY},
+             "forward_us_per_step": _forward_us(steps[r["dir"]])}
             for r in runs
             if r["status"] == "ok"
         ],  # fmt: skip

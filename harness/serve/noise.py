@@ -118,14 +118,20 @@ def client_cores(busy: set[int]) -> set[int]:
     return free or allowed
 
 
-def _own_threads() -> list[int]:
-    return [t.id for t in psutil.Process().threads()]
+def _threads(proc: psutil.Process) -> list[int]:
+    with contextlib.suppress(psutil.Error):
+        return [t.id for t in proc.threads()]
+    return []
 
 
-def _set_threads(masks: dict[int, set[int]]) -> None:
+def _set_threads(masks: dict[int, set[int]]) -> int:
+    """Give each thread its mask; returns how many took it (a thread that ended meanwhile does not)."""
+    done = 0
     for tid, cores in masks.items():
-        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+        with contextlib.suppress(OSError):
             os.sched_setaffinity(tid, cores)
+            done += 1
+    return done
 
 
 @contextlib.contextmanager
@@ -137,7 +143,7 @@ def pinned(cores: set[int] | None) -> Iterator[set[int]]:
         yield before
         return
     saved: dict[int, set[int]] = {}
-    for tid in _own_threads():
+    for tid in _threads(psutil.Process()):
         with contextlib.suppress(OSError):
             saved[tid] = os.sched_getaffinity(tid)
     _set_threads({tid: cores for tid in saved})
@@ -145,12 +151,6 @@ def pinned(cores: set[int] | None) -> Iterator[set[int]]:
         yield cores
     finally:
         _set_threads(saved)
-
-
-def _threads(proc: psutil.Process) -> list[int]:
-    with contextlib.suppress(psutil.Error):
-        return [t.id for t in proc.threads()]
-    return []
 
 
 def pin_host_processes(server_pid: int, cores: set[int], worker_marker: str = "Worker") -> dict:
@@ -173,9 +173,6 @@ def pin_host_processes(server_pid: int, cores: set[int], worker_marker: str = "W
     threads = 0
     for proc in hosts:
         with contextlib.suppress(psutil.Error):
-            for tid in _threads(proc):
-                with contextlib.suppress(OSError):  # a thread that ended meanwhile
-                    os.sched_setaffinity(tid, cores)
-                    threads += 1
+            threads += _set_threads(dict.fromkeys(_threads(proc), cores))
             pinned_names.append(proc.name())
     return {"cores": sorted(cores), "processes": sorted(pinned_names), "threads": threads}
