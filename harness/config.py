@@ -90,6 +90,9 @@ class RunConfig:
     ``quiet_loadavg``: a run that starts with a 1-minute load average above this is flagged as under load.
     ``warmup_lifetimes`` (``abba``): unmeasured server lifetimes before the first measured one; the first
     lifetime of a series ran slower than the rest, and ABBA gives that slot to the baseline.
+    ``pair_gap_s`` (``paired``): the pause before a pair's second request, sent to the other server. A vLLM
+    reader busy-waits (``sched_yield``) for 1 s after its last read; on this 2-core machine a request sent to
+    the other server inside that second waited 0.5-1 s for its first token, on one server of the two only.
     """
 
     design: str = "abba"
@@ -108,10 +111,13 @@ class RunConfig:
     host_time_groups: bool = True
     quiet_loadavg: float = 0.5
     warmup_lifetimes: int = 1
+    pair_gap_s: float = 1.5
 
     def __post_init__(self) -> None:
         if self.design not in DESIGNS:
             raise ValueError(f"run.design must be one of {DESIGNS}, got {self.design!r}")
+        if self.pair_gap_s < 0:
+            raise ValueError(f"run.pair_gap_s must be >= 0, got {self.pair_gap_s}")
         if self.warmup_lifetimes < 0:
             raise ValueError(f"run.warmup_lifetimes must be >= 0, got {self.warmup_lifetimes}")
         if not 0 < self.alpha < 1:

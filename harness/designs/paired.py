@@ -4,6 +4,10 @@ On a shared machine the dominant noise is slow drift between server lifetimes mi
 thermal and frequency state, the server's own warm-up); it is far larger than host-side effects. Here each
 prompt goes to arm A, then (as soon as A has answered) to arm B, with the first arm alternating from pair
 to pair (A B, B A, A B, ...), so both measurements of a pair are seconds apart and the order effect cancels.
+The second request waits ``run.pair_gap_s`` (1.5 s) first: a vLLM reader busy-waits for 1 s after its last
+read, and a request sent to the other server inside that second waited 0.5-1 s for its first token here, on
+one server of the two only (so the alternation did not cancel it). The next pair's first request goes to the
+server that just answered, so it needs no pause.
 Only one request is in flight at a time, so the idle server does not compete for the cores (closed loop,
 concurrency 1; for concurrency > 1 use the ABBA design). ``run.repeats`` rounds each start a fresh pair of
 servers, so server-lifetime effects also enter the comparison.
@@ -63,6 +67,8 @@ async def replay_pairs(
             body = encode_body(cfg.model.path, req, config)
             first = first_arm_of(pair0 + k)
             for arm in (first, 1 - first):
+                if arm != first and cfg.run.pair_gap_s:
+                    await asyncio.sleep(cfg.run.pair_gap_s)  # the first server's readers stop spinning
                 res = RequestResult(index=req.index, scheduled_s=time.perf_counter() - t0,
                                     expected_prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens)
                 start, wall_start = time.perf_counter(), time.time_ns()

@@ -1,0 +1,69 @@
+"""The paired design pauses before a pair's second request, long enough for the other server's readers to stop
+spinning; the pair's first request (same server as the last one) goes at once."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+
+import numpy as np
+import pytest
+from tqdm import tqdm
+
+from harness.client import RequestResult
+from harness.designs import paired
+from harness.workload.spec import Workload
+from tests.harness.test_config import _compose
+from tests.harness.test_faults import _ids_request
+
+
+def _sent_times(monkeypatch: pytest.MonkeyPatch, gap_s: float, pairs: int) -> list[tuple[str, float, float]]:
+    """(url, sent, done) of every request the design sends, the servers faked by a 10 ms answer."""
+    cfg = _compose("run=ci", f"run.pair_gap_s={gap_s}")
+    rng = np.random.default_rng(0)
+    workload = Workload(spec=cfg.workload, warmup=[], provenance={},
+                        requests=[_ids_request(i, rng, 8, 4) for i in range(pairs)])  # fmt: skip
+    log: list[tuple[str, float, float]] = []
+
+    async def answer(session: object, url: str, body: bytes, res: RequestResult, *_: object) -> RequestResult:
+        sent = time.perf_counter()
+        await asyncio.sleep(0.01)
+        res.success = True
+        log.append((url, sent, time.perf_counter()))
+        return res
+
+    monkeypatch.setattr(paired, "send_one", answer)
+    with tqdm(disable=True) as bar:
+        asyncio.run(paired.replay_pairs(cfg, ("http://a", "http://b"), workload, 0, bar))
+    return log
+
+
+def test_a_pairs_second_request_waits_the_gap_and_its_first_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    gap = 0.2
+    log = _sent_times(monkeypatch, gap, pairs=4)
+    assert [u.split("/")[2] for u, _, _ in log] == list("abbaabba")  # the order alternates pair by pair
+    waits = [log[i][1] - log[i - 1][2] for i in range(1, len(log))]
+    switches = [w for i, w in enumerate(waits, 1) if log[i][0] != log[i - 1][0]]
+    stays = [w for i, w in enumerate(waits, 1) if log[i][0] == log[i - 1][0]]
+    assert len(switches) == 4 and all(w >= gap for w in switches), switches
+    assert len(stays) == 3 and all(w < gap / 2 for w in stays), stays
+
+
+def test_no_gap_sends_back_to_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    log = _sent_times(monkeypatch, 0.0, pairs=3)
+    assert max(log[i][1] - log[i - 1][2] for i in range(1, len(log))) < 0.1
+
+
+def test_a_negative_gap_is_refused() -> None:
+    with pytest.raises(ValueError, match="pair_gap_s"):
+        _compose("run.pair_gap_s=-1")
+
+
+@pytest.mark.parametrize("run", ["default", "ci"])
+def test_the_shipped_gap_outlasts_vllms_reader_busy_wait(run: str) -> None:
+    """The gap is there for vLLM's shared-memory reader, which spins for ``busy_loop_s`` after its last read;
+    a vLLM that spins longer must fail here rather than bias the paired design in silence."""
+    shm_broadcast = pytest.importorskip("vllm.distributed.device_communicators.shm_broadcast")
+    busy_loop_s = inspect.signature(shm_broadcast.SpinCondition).parameters["busy_loop_s"].default
+    assert _compose(f"run={run}").run.pair_gap_s > busy_loop_s
