@@ -157,6 +157,7 @@ def _markdown(meta: dict, runs: list[dict], ab: list[Comparison], host: list[str
         "",
         f"- design `{the_design.name}`: ok runs baseline {n_ok['baseline']}, candidate {n_ok['candidate']}"
         f"; {the_design.samples_note(samples)}; {noise_flags(runs)}",
+        *(f"- {line}" for line in the_design.checks(runs, meta["backends"])),
         f"- ratio = candidate / baseline; verdicts only on the primary metrics, Holm-corrected at "
         f"alpha {cfg.run.alpha}; 'inconclusive' says why; the other rows are descriptive",
         f"- run: `{root.name}`; model `{cfg.section('model')['name']}`; workload `{wl['spec']['name']}`; "

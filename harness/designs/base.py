@@ -25,7 +25,8 @@ class Design:
     ``rows(runs, backends, primary, n_boot)``: the comparison rows (before Holm) of a run directory's runs.
     ``host_rows(component, steps, n_boot)``: design-specific in-server host-time rows (beyond per step).
     ``samples_note(n)``: how the report counts the samples of a primary metric; ``runs_heading``: what the
-    runs table lists.
+    runs table lists; ``checks(runs, backends)``: the report's lines on the design's own assumptions (none by
+    default).
     """
 
     name: str
@@ -34,3 +35,4 @@ class Design:
     host_rows: Callable[[str, HostSteps, int], list[Comparison]]
     samples_note: Callable[[int], str]
     runs_heading: str
+    checks: Callable[[Sequence[Mapping], Sequence[str]], list[str]] = lambda runs, backends: []

@@ -67,3 +67,20 @@ def test_the_shipped_gap_outlasts_vllms_reader_busy_wait(run: str) -> None:
     shm_broadcast = pytest.importorskip("vllm.distributed.device_communicators.shm_broadcast")
     busy_loop_s = inspect.signature(shm_broadcast.SpinCondition).parameters["busy_loop_s"].default
     assert _compose(f"run={run}").run.pair_gap_s > busy_loop_s
+
+
+def _run(arm: str, ttfts: list[tuple[bool, float]]) -> dict:
+    return {"status": "ok", "arm": arm, "backend": "paged",
+            "requests": [{"success": True, "first": f, "ttft_ms": t} for f, t in ttfts]}  # fmt: skip
+
+
+def test_the_report_shows_a_slot_effect_on_one_arm() -> None:
+    """One arm slow when it goes second (what the pause removed): its line shows the gap and the count."""
+    fine = [(k % 2 == 0, 50.0 + k % 3) for k in range(20)]
+    slowed = [(k % 2 == 1, 50.0 + k % 3 if k % 2 else 800.0) for k in range(20)]
+    (line,) = paired.slot_lines([_run("baseline", fine), _run("candidate", slowed)], ("paged", "paged"))
+    assert "baseline 51.0 / 51.0 ms, slow 0 / 0 of 10 / 10" in line
+    assert "candidate 51.0 / 800.0 ms, slow 0 / 10 of 10 / 10" in line
+    (only,) = paired.slot_lines([_run("baseline", fine)], ("paged", "paged"))
+    assert "baseline" in only and "candidate" not in only
+    assert paired.slot_lines([], ("paged", "paged")) == []

@@ -139,16 +139,26 @@ def test_the_backends_order_names_the_arms(tmp_path: Path) -> None:
     assert "candidate (paged) vs baseline (tagma)" in md
 
 
-def test_paired_design_compares_by_pair(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("scale", "latency", "throughput"), [(1.1, "slower", "lower"), (0.9, "faster", "higher")]
+)
+def test_paired_design_compares_by_pair(tmp_path: Path, scale: float, latency: str, throughput: str) -> None:
+    """Throughput is 1 / mean E2EL per pair: its verdict reads the direction of a throughput (Holm re-decides
+    it; a slower candidate once came out as 'faster' throughput)."""
     _meta(tmp_path, design="paired")
     _fake_run(tmp_path, 0, "paged", scale=1.0, n=40, design="paired")
-    _fake_run(tmp_path, 1, "tagma", scale=1.1, n=40, design="paired")
+    _fake_run(tmp_path, 1, "tagma", scale=scale, n=40, design="paired")
     report.write_report(tmp_path, n_boot=200)
     ab = {r["metric"]: r for r in read_json(tmp_path / "summary.json")["ab"]}
     assert ab["mean_e2el_ms"]["samples"] == 40
-    assert ab["mean_ttft_ms"]["ratio"] == pytest.approx(1.1, rel=0.02)
+    assert ab["mean_ttft_ms"]["ratio"] == pytest.approx(scale, rel=0.02)
+    assert ab["mean_ttft_ms"]["verdict"] == latency
     assert ab["output_throughput"]["ratio"] == pytest.approx(1 / ab["mean_e2el_ms"]["ratio"])
     assert ab["output_throughput"]["ci_low"] < ab["output_throughput"]["ci_high"]
+    assert ab["output_throughput"]["verdict"] == throughput
+    md = (tmp_path / "report.md").read_text()
+    assert f"| {throughput} | 1/1 |" in md.split("| output_throughput |")[1].split("\n")[0]
+    assert "order within a pair (TTFT p50 when first / second" in md
 
 
 def test_resume_skips_finished_runs_and_retries_failed_ones(tmp_path: Path, monkeypatch) -> None:
