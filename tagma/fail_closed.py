@@ -66,9 +66,9 @@ _FULL_ATTENTION_LAYER_TYPES = frozenset({"full_attention", "attention", "global_
 
 def _sliding_window(c: Any) -> str | None:
     # Sliding-window groups (alone or beside full attention): the range-native group managers, prefix caching
-    # off (tagma.core.group_range_manager) or on beside a full-attention layer, whose prefix index keys the
-    # windows' cached blocks (tagma.core.group_prefix_manager). R-SWA (a window over the prompt's middle):
-    # never.
+    # off (tagma.core.group_range_manager) or on (tagma.core.group_prefix_manager: the windows' cached blocks
+    # keyed by the full-attention group's prefix index, or by content keys where every layer slides). R-SWA
+    # (a window over the prompt's middle): never.
     mc = c.model_config
     if getattr(mc, "rswa_window", None) is not None:
         return f"R-SWA sliding-window attention (rswa_window={mc.rswa_window})"
@@ -76,12 +76,6 @@ def _sliding_window(c: Any) -> str | None:
     layer_types = getattr(mc.hf_text_config, "layer_types", None) or ()
     if window is None and "sliding_attention" not in layer_types:
         return None
-    if c.cache_config.enable_prefix_caching and not _FULL_ATTENTION_LAYER_TYPES.intersection(layer_types):
-        return (
-            f"prefix caching with sliding-window attention on every layer (sliding_window={window}; no "
-            "full-attention layer keys the windows' cached blocks; tagma serves it with "
-            "--no-enable-prefix-caching)"
-        )
     return _block_object_manager("sliding-window attention")
 
 

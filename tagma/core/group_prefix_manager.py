@@ -1,10 +1,14 @@
-"""Prefix caching across KV cache groups: full attention beside sliding windows (gpt-oss, Gemma 3).
+"""Prefix caching across KV cache groups: full attention beside sliding windows (gpt-oss, Gemma 3), and
+sliding windows alone (Mistral).
 
 :class:`GroupPrefixKVCacheManager` is the group manager (:mod:`tagma.core.group_range_manager`: one engine
 request per (request, group), a window's start advancing with one engine call) plus the engine's hash-less
 prefix index for the full-attention group and the index's *side groups* for the windows
 (:mod:`tagma.engine.prefix_side`): a window group's cached block is kept at the full group's trie node of the
 same logical position, as vLLM keys it by (block hash, group). No vLLM block hash is computed.
+Where every layer slides there is no full group to key by: each window group's cached block is found by a
+chained content key instead (:mod:`tagma.engine.prefix_keyed`: one 128-bit key per block, chained over the
+request's blocks from its namespace as vLLM chains its block hashes, the block's tokens compared on a hit).
 
 vLLM's rules (``HybridKVCacheCoordinator``, ``SlidingWindowManager``, vLLM 0.32) are kept where the scheduler
 can see them:
@@ -19,9 +23,9 @@ can see them:
 * admission: vLLM's per-group arithmetic, cache-only hit blocks counted against the free blocks; the hit's
   window blocks before the window are not attached (vLLM pads them with the null block).
 
-Scope: one full-attention group (its trie keys the windows' blocks), sliding-window groups, one block size,
-LRU or contiguous eviction. Refused by name: a model whose every layer slides (no full group to key by),
-state layers with caching on (state checkpoints), EAGLE/MTP, KV events (no hashes to publish).
+Scope: at most one full-attention group (its trie keys the windows' blocks; without one, content keys do),
+sliding-window groups, one block size, LRU or contiguous eviction. Refused by name: state layers with caching
+on (state checkpoints), EAGLE/MTP, KV events (no hashes to publish).
 ``estimate_cached_tokens`` (a prefill statistic) reports the full group's cached prefix.
 """
 
@@ -43,6 +47,7 @@ from tagma.core.group_range_manager import GroupRangeKVCacheManager, GroupRangeR
 from tagma.core.manager import NO_TOKENS_MESSAGE, SIGNATURE, WAITING_STATUSES, TagmaKVCacheManager
 from tagma.core.prefix_manager import _no_hash_lookups, request_namespace
 from tagma.engine.prefix_index import EvictionMode, PrefixIndex
+from tagma.engine.prefix_keyed import KeyArray, PrefixKeyedGroups
 from tagma.engine.prefix_side import PrefixSideGroups
 from tagma.errors import TagmaUnsupported
 
@@ -75,11 +80,14 @@ class GroupPrefixRelease(GroupRangeRelease):
 class GroupHitBlocks(KVCacheBlocks):
     """A prefix-cache hit over every group: per group, null blocks before the window, then the hit ids."""
 
-    __slots__ = ("_groups", "_pool")
+    __slots__ = ("_groups", "_pool", "keys")
 
-    def __init__(self, groups: tuple[tuple[int, np.ndarray], ...], pool: Any) -> None:
+    def __init__(
+        self, groups: tuple[tuple[int, np.ndarray], ...], pool: Any, keys: KeyArray | None = None
+    ) -> None:
         self._groups = groups
         self._pool = pool
+        self.keys = keys  # content-keyed groups: the lookup's block keys (the chain goes on from the hit's)
 
     def _ids(self, g: int) -> list[int]:
         dropped, ids = self._groups[g]
@@ -113,6 +121,12 @@ class GroupHitBlocks(KVCacheBlocks):
 
     def __repr__(self) -> str:
         return f"GroupHitBlocks({[(d, ids.tolist()) for d, ids in self._groups]!r})"
+
+
+def _hit_length(group: tuple[int, np.ndarray]) -> int:
+    """A group's hit in blocks: those its window skips (null blocks) and those it holds."""
+    dropped, ids = group
+    return dropped + len(ids)
 
 
 def _window_hit(cached: np.ndarray, limit: int, need: int) -> int:
@@ -156,11 +170,6 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         if feature is not None:
             return feature
         fulls = sum(type(g.kv_cache_spec) is FullAttentionSpec for g in groups)
-        if fulls == 0:
-            return (
-                "prefix caching with sliding-window attention on every layer (no full-attention group keys "
-                "the windows' cached blocks; tagma serves it with --no-enable-prefix-caching)"
-            )
         if fulls > 1:
             return f"prefix caching with {fulls} full-attention KV cache groups (tagma's index keys one)"
         if len({g.kv_cache_spec.block_size for g in groups}) > 1:
@@ -198,7 +207,10 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         self.enable_caching = True
         groups = kv_cache_config.kv_cache_groups
         self._bs = self._block_sizes[0]
-        self._full = next(g for g, grp in enumerate(groups) if type(grp.kv_cache_spec) is FullAttentionSpec)
+        # the full-attention group whose trie keys the windows' blocks (None: every layer slides)
+        self._full: int | None = next(
+            (g for g, grp in enumerate(groups) if type(grp.kv_cache_spec) is FullAttentionSpec), None
+        )
         self._side = {g: k for k, g in enumerate(self._windows)}  # vLLM group -> side group
         # vLLM's spec groups: window groups of equal spec are looked up jointly
         spec_groups: list[tuple[Any, list[int]]] = []
@@ -216,7 +228,9 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         )
         self._retention = getattr(kv_cache_config, "prefix_cache_retention_interval", 0)
         self.index = PrefixIndex(self.engine, self._bs, mode)
-        self.sides = PrefixSideGroups(self.index, len(self._windows))
+        sides = PrefixSideGroups if self._full is not None else PrefixKeyedGroups
+        self.sides = sides(self.index, len(self._windows))
+        self._chain: dict[str, KeyArray] = {}  # content keys: per request, the key of its last cached block
         self.prefix_eviction = mode.name.lower()
         self._max_hit = max(self.block_pool.num_gpu_blocks - 1, 0)
         self._default_ns = self.index.namespace((None, None, None))
@@ -247,15 +261,16 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         return skipped if skipped > 0 else 0
 
     def _reconcile(self, full_hit: int, sides: list[np.ndarray]) -> tuple[int, int]:
-        """vLLM's fixed point over the spec groups (full attention first): (hit, longest single-group hit),
-        in blocks."""
+        """vLLM's fixed point over the spec groups (full attention first; without it, from the longest hit
+        allowed, ``full_hit``): (hit, longest single-group hit), in blocks."""
         cached = [s >= 0 for s in sides]
         joint = [
             (need, np.logical_and.reduce([cached[k] for k in members])) for need, members in self._spec_groups
         ]
         hit = full_hit
-        longest = full_hit
-        simple = len(joint) == 1
+        keyed = self._full is None
+        longest = 0 if keyed else full_hit
+        simple = len(joint) == 1 and not keyed  # vLLM's "simple hybrid": full attention and one other spec
         while True:
             curr = hit
             for need, row in joint:
@@ -278,11 +293,20 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         max_blocks = min(max_tokens // bs, self._max_hit)
         if max_blocks <= 0:
             return self.empty_kv_cache_blocks, 0, 0
-        nodes = self.index.lookup_ids(self._namespace(request), request._all_token_ids, max_blocks)
-        if not len(nodes):
-            return self.empty_kv_cache_blocks, 0, 0
-        sides = [self.sides.lookup(k, nodes) for k in range(len(self._windows))]
-        hit, longest = self._reconcile(len(nodes), sides)
+        keys = None
+        if self._full is None:  # every layer slides: each group's blocks by content key
+            tokens = self.index.tokens_array(request._all_token_ids, 0, max_blocks * bs)
+            keys = self.sides.keys(self._namespace(request), tokens)
+            sides = [self.sides.lookup_keyed(k, keys, tokens) for k in range(len(self._windows))]
+            nodes = None
+            limit = max_blocks
+        else:
+            nodes = self.index.lookup_ids(self._namespace(request), request._all_token_ids, max_blocks)
+            if not len(nodes):
+                return self.empty_kv_cache_blocks, 0, 0
+            sides = [self.sides.lookup(k, nodes) for k in range(len(self._windows))]
+            limit = len(nodes)
+        hit, longest = self._reconcile(limit, sides)
         boundary = longest * bs if longest > hit else 0
         if not hit:
             return self.empty_kv_cache_blocks, 0, boundary
@@ -293,7 +317,7 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
             else:
                 skipped = self._skipped_blocks(g, hit)
                 groups.append((skipped, sides[self._side[g]][skipped:hit]))
-        return GroupHitBlocks(tuple(groups), self.block_pool), hit * bs, boundary
+        return GroupHitBlocks(tuple(groups), self.block_pool, keys), hit * bs, boundary
 
     def _namespace(self, request: Request) -> int:
         return request_namespace(self.index, self._default_ns, request)
@@ -353,7 +377,7 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         if hit and state is not None:
             raise ValueError(f"request {rid} already holds blocks: no new prefix-cache hit can be adopted")
         if hit and (not isinstance(new_computed_blocks, GroupHitBlocks)
-                    or len(new_computed_blocks.groups[self._full][1]) < hit):  # fmt: skip
+                    or _hit_length(new_computed_blocks.groups[self._full or 0]) < hit):  # fmt: skip
             raise ValueError(f"{hit} hit blocks announced, not given as this manager's hit")
         max_len = self.max_model_len
         computed = request.num_computed_tokens + num_new_computed_tokens
@@ -423,6 +447,8 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
             if gt is not None:
                 gt.stop(g, t0)
         self._cached[request.request_id] = hit
+        if hits.keys is not None:
+            self._chain[request.request_id] = hits.keys[hit - 1].copy()
         self._fresh = None
         self._sync_free()
 
@@ -434,15 +460,23 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         if full_blocks <= start:
             return
         bs = self._bs
-        full = state[self._full]
-        if not full.engine_request:
-            return
         gt = self.group_time
-        t0 = gt.start() if gt is not None else 0
-        indexed = self.index.insert(self._ns[rid], full.engine_request, request._all_token_ids, start * bs,
-                                    full_blocks * bs)  # fmt: skip
-        if gt is not None:
-            gt.stop(self._full, t0)
+        full = None
+        if self._full is None:
+            t0 = gt.start() if gt is not None else 0
+            keys, tokens = self._chain_keys(request, start, full_blocks)
+            indexed = full_blocks
+            if gt is not None:
+                gt.stop(self._windows[0], t0)  # the keys serve every group: charged to the first
+        else:
+            full = state[self._full]
+            if not full.engine_request:
+                return
+            t0 = gt.start() if gt is not None else 0
+            indexed = self.index.insert(self._ns[rid], full.engine_request, request._all_token_ids,
+                                        start * bs, full_blocks * bs)  # fmt: skip
+            if gt is not None:
+                gt.stop(self._full, t0)
         boundaries = list(replay_boundaries(request.num_prompt_tokens, bs, use_eagle=False))
         junction = getattr(request, "shared_prefix_boundary", 0)
         if junction:
@@ -463,13 +497,30 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
                 reachable_boundaries=boundaries,
             )
             if mask is None or any(mask):
-                self.sides.insert(
-                    full.engine_request, self._side[g], held.engine_request, held.dropped, start, full_blocks,
-                    None if mask is None else np.asarray(mask),
-                )
+                bits = None if mask is None else np.asarray(mask)
+                if full is None:
+                    self.sides.insert_keyed(self._side[g], held.engine_request, held.dropped, start, keys,
+                                            tokens, bits)  # fmt: skip
+                else:
+                    self.sides.insert(full.engine_request, self._side[g], held.engine_request, held.dropped,
+                                      start, full_blocks, bits)  # fmt: skip
             if gt is not None:
                 gt.stop(g, t0)
         self._cached[rid] = full_blocks if indexed >= full_blocks else _LOST
+
+    def _chain_keys(self, request: Request, start: int, end: int) -> tuple[KeyArray, np.ndarray]:
+        """The content keys and tokens of the request's blocks [start, end), the chain going on from its
+        last cached block's key (from its namespace's start at block 0)."""
+        rid = request.request_id
+        bs = self._bs
+        prev = self._chain.get(rid) if start else None
+        first = start if start == 0 or prev is not None else 0  # no chain kept: hash again from block 0
+        tokens = self.index.tokens_array(request._all_token_ids, first * bs, end * bs)
+        keys = self.sides.keys(self._ns[rid], tokens, prev)
+        if first < start:
+            keys, tokens = keys[start - first :], tokens[(start - first) * bs :]
+        self._chain[rid] = keys[-1].copy()
+        return np.ascontiguousarray(keys), np.ascontiguousarray(tokens)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         state = self._reqs.get(request.request_id)
@@ -483,6 +534,7 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         rid = request.request_id
         self._ns.pop(rid, None)
         self._cached.pop(rid, None)
+        self._chain.pop(rid, None)
         state = self._reqs.pop(rid, None)
         if state is None:
             return
@@ -500,6 +552,7 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         rid = request.request_id
         self._ns.pop(rid, None)
         self._cached.pop(rid, None)
+        self._chain.pop(rid, None)
         state = self._reqs.pop(rid, None) or []
         engs = tuple(held.engine_request for held in state if held.engine_request)
         release = GroupPrefixRelease(engs, sum(held.held for held in state))

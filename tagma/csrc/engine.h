@@ -103,6 +103,14 @@ class Engine {
   void prefix_side_lookup(int32_t group, const int32_t* nodes, int64_t count, int32_t* out) const;
   void prefix_side_attach(uint64_t id, const int32_t* blocks, int64_t count);
   tagma_prefix_side_stats prefix_side_stats() const;
+  // Keyed side groups (prefix_keyed.cpp); see tagma_prefix_keyed_* and tagma_prefix_chain_keys in tagma.h.
+  void prefix_keyed_enable(int32_t groups);
+  void prefix_chain_keys(uint64_t ns, const uint64_t* prev, const int32_t* tokens, int64_t num_blocks,
+                         uint64_t* keys) const;
+  int64_t prefix_keyed_insert(int32_t group, uint64_t side_id, int64_t side_first_logical, int64_t start,
+                              int64_t end, const uint64_t* keys, const int32_t* tokens, const uint8_t* mask);
+  void prefix_keyed_lookup(int32_t group, const uint64_t* keys, const int32_t* tokens, int64_t count,
+                           int32_t* out) const;
 
  private:
   // engine_prefix.cpp: the prefix index, when enabled; it owns every cache reference then.

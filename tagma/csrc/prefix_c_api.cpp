@@ -177,4 +177,71 @@ tagma_status tagma_prefix_side_stats_get(tagma_engine_handle h, tagma_prefix_sid
       out);
 }
 
+tagma_status tagma_prefix_keyed_enable(tagma_engine_handle h, int32_t groups) {
+  return run_with_engine(
+      "tagma_prefix_keyed_enable", h,
+      [](Engine& engine, void* a) { engine.prefix_keyed_enable(*static_cast<int32_t*>(a)); }, &groups);
+}
+
+tagma_status tagma_prefix_chain_keys(tagma_engine_handle h, uint64_t ns, const uint64_t* prev, const int32_t* tokens,
+                                     int64_t num_blocks, uint64_t* keys) {
+  struct Args {
+    uint64_t ns;
+    const uint64_t* prev;
+    const int32_t* tokens;
+    int64_t num_blocks;
+    uint64_t* keys;
+  } args{ns, prev, tokens, num_blocks, keys};
+  return run_with_engine(
+      "tagma_prefix_chain_keys", h,
+      [](Engine& engine, void* a) {
+        const auto* x = static_cast<Args*>(a);
+        engine.prefix_chain_keys(x->ns, x->prev, x->tokens, x->num_blocks, x->keys);
+      },
+      &args);
+}
+
+tagma_status tagma_prefix_keyed_insert(tagma_engine_handle h, int32_t group, uint64_t side_request,
+                                       int64_t side_first_logical, int64_t start, int64_t end, const uint64_t* keys,
+                                       const int32_t* tokens, const uint8_t* mask, int64_t* num_cached) {
+  struct Args {
+    int32_t group;
+    uint64_t side;
+    int64_t first;
+    int64_t start;
+    int64_t end;
+    const uint64_t* keys;
+    const int32_t* tokens;
+    const uint8_t* mask;
+    int64_t* result;
+  } args{group, side_request, side_first_logical, start, end, keys, tokens, mask, num_cached};
+  return run_with_engine(
+      "tagma_prefix_keyed_insert", h,
+      [](Engine& engine, void* a) {
+        const auto* x = static_cast<Args*>(a);
+        const int64_t cached =
+            engine.prefix_keyed_insert(x->group, x->side, x->first, x->start, x->end, x->keys, x->tokens, x->mask);
+        if (x->result != nullptr) *x->result = cached;
+      },
+      &args);
+}
+
+tagma_status tagma_prefix_keyed_lookup(tagma_engine_handle h, int32_t group, const uint64_t* keys,
+                                       const int32_t* tokens, int64_t count, int32_t* out) {
+  struct Args {
+    int32_t group;
+    const uint64_t* keys;
+    const int32_t* tokens;
+    int64_t count;
+    int32_t* out;
+  } args{group, keys, tokens, count, out};
+  return run_with_engine(
+      "tagma_prefix_keyed_lookup", h,
+      [](Engine& engine, void* a) {
+        const auto* x = static_cast<Args*>(a);
+        engine.prefix_keyed_lookup(x->group, x->keys, x->tokens, x->count, x->out);
+      },
+      &args);
+}
+
 }  // extern "C"

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "error.h"
 
@@ -152,6 +153,7 @@ void PrefixIndex::reset() {
   std::fill(side_.begin(), side_.end(), kNone);
   std::fill(side_owner_.begin(), side_owner_.end(), kNone);
   std::fill(alias_.begin(), alias_.end(), kNone);
+  if (keyed_.built()) keyed_.clear();
   num_side_ = 0;
   ++epoch_;
 }
@@ -175,6 +177,12 @@ void PrefixIndex::enable_side(int32_t groups) {
   alias_.swap(alias);
   alias_generation_.swap(alias_generation);
   side_groups_ = groups;
+}
+
+void PrefixIndex::enable_keyed(int32_t groups) {
+  KeyedTable table(num_blocks_);  // first: a failure changes nothing
+  enable_side(groups);
+  keyed_ = std::move(table);
 }
 
 }  // namespace tagma

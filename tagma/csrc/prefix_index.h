@@ -15,6 +15,9 @@
 // its own (an eviction of the block) or with its node. A window's hit needs a run of recent side blocks
 // along the path of the full group's nodes, whose earlier side blocks may be long gone: keyed this way,
 // evicting one side block never takes another with it.
+// Keyed side blocks (prefix_keyed.cpp): where no full-attention group keys the others (every layer slides),
+// a group's cached block is found by its chained content key instead (keyed_table.h), one entry per block;
+// it is a side block in every other way (cache reference, LRU, eviction alone, attach), with owner kKeyed.
 // alias(block): for a block that was found to duplicate a node when its request was indexed, that node (the
 // request's path runs through it), so a side block can be cached at the node a duplicate stands for.
 #ifndef TAGMA_PREFIX_INDEX_H
@@ -25,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "keyed_table.h"
 #include "tagma.h"
 
 namespace tagma {
@@ -41,6 +45,7 @@ class PrefixIndex {
  public:
   static constexpr int32_t kNone = -1;
   static constexpr int32_t kMaxSideGroups = 64;
+  static constexpr int32_t kKeyed = -2;  // side_owner of a keyed side block
 
   // Where a request stands: its logical blocks [0, indexed) are indexed (or duplicates of indexed blocks)
   // and `node` is the node reached (kNone before its namespace has a root). `lost`: it indexes nothing more.
@@ -130,13 +135,38 @@ class PrefixIndex {
     side_group_[static_cast<size_t>(block)] = group;
     ++num_side_;
   }
-  // Uncaches side block `block` from its node.
+  // Uncaches side block `block` from its node (a keyed one from the keyed table).
   void remove_side(int32_t block) {
     const auto b = static_cast<size_t>(block);
-    side_[static_cast<size_t>(side_owner_[b]) * static_cast<size_t>(side_groups_) +
-          static_cast<size_t>(side_group_[b])] = kNone;
+    if (side_owner_[b] == kKeyed) {
+      keyed_.remove(block);
+    } else {
+      side_[static_cast<size_t>(side_owner_[b]) * static_cast<size_t>(side_groups_) +
+            static_cast<size_t>(side_group_[b])] = kNone;
+    }
     side_owner_[b] = kNone;
     --num_side_;
+  }
+  // ---- keyed side blocks
+  bool keyed() const { return keyed_.built(); }
+  // Side groups whose blocks are keyed by content (enable_side's rules, plus the keyed table).
+  void enable_keyed(int32_t groups);
+  // Group `group`'s block cached under `key` holding tokens[0, block_size), or kNone.
+  int32_t keyed_find(const ChainKey& key, int32_t group, const int32_t* tokens) const {
+    const int32_t block = keyed_.find(key, group);
+    if (block == kNone || std::memcmp(block_tokens(block), tokens, token_bytes_) != 0) return kNone;
+    return block;
+  }
+  // Whether (key, group) has a block, whatever its tokens.
+  bool keyed_taken(const ChainKey& key, int32_t group) const { return keyed_.find(key, group) != kNone; }
+  // Caches `block` (no node, no side block) as group `group`'s block under `key` (which has none).
+  void add_keyed(const ChainKey& key, int32_t group, int32_t block, const int32_t* tokens) {
+    keyed_.add(key, group, block);
+    std::memcpy(tokens_.data() + static_cast<size_t>(block) * static_cast<size_t>(block_size_), tokens,
+                token_bytes_);
+    side_owner_[static_cast<size_t>(block)] = kKeyed;
+    side_group_[static_cast<size_t>(block)] = group;
+    ++num_side_;
   }
   int64_t num_side() const { return num_side_; }
   void set_alias(int32_t block, int32_t node) {
@@ -210,6 +240,7 @@ class PrefixIndex {
   std::vector<int32_t> side_group_;  // per block: its side group (while side_owner_ is set)
   std::vector<int32_t> alias_;       // per block: the node it duplicated (see node_of)
   std::vector<uint32_t> alias_generation_;
+  KeyedTable keyed_;  // built by enable_keyed only
 };
 
 template <class Visit>

@@ -421,6 +421,37 @@ tagma_status tagma_prefix_side_lookup(tagma_engine_handle h, int32_t group, cons
 tagma_status tagma_prefix_side_attach(tagma_engine_handle h, uint64_t request, const int32_t *blocks, int64_t count);
 tagma_status tagma_prefix_side_stats_get(tagma_engine_handle h, tagma_prefix_side_stats *out);
 
+/* ---- keyed side groups (prefix_keyed.cpp): for KV cache groups that no full-attention group keys (a model
+ * whose every layer slides), each group's cached block is found by a chained 128-bit content key instead of
+ * a node: key(block i) = hash(key(block i - 1), block i's tokens), key(block -1) from the request's
+ * namespace, as vLLM chains its block hashes; the block's own tokens are compared on a lookup too. One
+ * table entry per cached block, sized when enabled. A keyed block is a side block in every other way: it
+ * holds the index's cache reference, is cache-only (LRU) once no request uses it, is evicted alone, is
+ * attached with tagma_prefix_side_attach and counted by tagma_prefix_side_stats_get; tagma_prefix_clear
+ * drops it. */
+
+/* Sizes the index for `groups` keyed side groups in [1, 64] (tagma_prefix_side_enable's rules; once, and
+ * instead of it). Memory: tagma_prefix_side_enable's plus about 64 bytes per block. */
+tagma_status tagma_prefix_keyed_enable(tagma_engine_handle h, int32_t groups);
+/* keys[2i], keys[2i + 1] = the chained key of block i of tokens[0, num_blocks * block_size), chained from
+ * prev[0], prev[1] (the key of the block before; nullable: the start of namespace `ns`, else `ns` is
+ * unused). Pure arithmetic: changes nothing. */
+tagma_status tagma_prefix_chain_keys(tagma_engine_handle h, uint64_t ns, const uint64_t *prev, const int32_t *tokens,
+                                     int64_t num_blocks, uint64_t *keys);
+/* Caches side request `side_request`'s blocks for `group` under their keys: for each logical position p in
+ * [start, end) with mask[p - start] != 0 (mask nullable: every position), the side request's block at
+ * local position p - side_first_logical (skipped when outside its blocks: freed, or not allocated) is
+ * cached under keys[2(p - start)], keys[2(p - start) + 1] with tokens[(p - start) * block_size, + block_size)
+ * unless that key has a block for the group already or the block is cached elsewhere. keys, tokens and mask
+ * hold end - start entries. *num_cached (nullable): blocks cached by this call. */
+tagma_status tagma_prefix_keyed_insert(tagma_engine_handle h, int32_t group, uint64_t side_request,
+                                       int64_t side_first_logical, int64_t start, int64_t end, const uint64_t *keys,
+                                       const int32_t *tokens, const uint8_t *mask, int64_t *num_cached);
+/* out[i] = group `group`'s block cached under keys[2i], keys[2i + 1] holding tokens[i * block_size,
+ * + block_size), or -1. Changes nothing. */
+tagma_status tagma_prefix_keyed_lookup(tagma_engine_handle h, int32_t group, const uint64_t *keys,
+                                       const int32_t *tokens, int64_t count, int32_t *out);
+
 #ifdef __cplusplus
 }
 #endif

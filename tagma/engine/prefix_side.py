@@ -67,13 +67,15 @@ class PrefixSideGroups:
 
     __slots__ = ("_f_attach", "_f_insert", "_f_lookup", "_h", "_i64", "_lib", "_stats", "groups")
 
-    def __init__(self, index: PrefixIndex, groups: int) -> None:
+    def __init__(self, index: PrefixIndex, groups: int, *, enable: bool = True) -> None:
+        """``enable``: size the index for ``groups`` side groups (False: the caller enabled them)."""
         lib = _bind()
         self._lib = lib
         self._h = index.engine.handle
-        status = lib.tagma_prefix_side_enable(self._h, _check_i32(groups, "groups"))
-        if status:
-            _raise(lib, status)
+        if enable:
+            status = lib.tagma_prefix_side_enable(self._h, _check_i32(groups, "groups"))
+            if status:
+                _raise(lib, status)
         self.groups = int(groups)
         self._f_insert = lib.tagma_prefix_side_insert
         self._f_lookup = lib.tagma_prefix_side_lookup

@@ -116,9 +116,9 @@ def test_each_family_is_a_model_option_served_in_the_dtype_it_needs(name: str) -
 
     spec = server_spec(bench, bench.arms[1], Path("/tmp/run"))
     assert spec.dtype == FAMILIES[name].dtype
-    # tagma serves the window-only and state-layer families with prefix caching off (both arms run so);
-    # windows beside full attention (gpt-oss, Gemma 3) run with vLLM's default, caching on
-    caching_off = name in ("mistral", "qwen3-next")
+    # tagma serves the state-layer family with prefix caching off (both arms run so); windows, beside full
+    # attention (gpt-oss, Gemma 3) or alone (Mistral), run with vLLM's default, caching on
+    caching_off = name == "qwen3-next"
     assert ("--no-enable-prefix-caching" in spec.extra_args) == caching_off
     assert server_spec(bench, bench.arms[0], Path("/tmp/run")).extra_args == spec.extra_args
 

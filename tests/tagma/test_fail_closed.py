@@ -108,15 +108,12 @@ def test_hybrid_state_layers_are_served_with_prefix_caching_off(
     )
 
 
-SLIDING_WITH_CACHING = (
-    "prefix caching with sliding-window attention on every layer (sliding_window=64; no full-attention "
-    "layer keys the windows' cached blocks; tagma serves it with --no-enable-prefix-caching)"
-)
-
-
-def test_sliding_window_on_every_layer_with_prefix_caching_is_refused(models: Path) -> None:
+def test_sliding_window_on_every_layer_is_served_with_prefix_caching(models: Path) -> None:
+    """Mistral's layout: caching on keys the windows' cached blocks by content (no full-attention group)."""
     model = craft_model(models, "mistral-swa", **SLIDING_WINDOW_MODEL)
-    assert refusal(model) == expect(SLIDING_WITH_CACHING)
+    config = engine_config(model, additional_config=dict(TAGMA))
+    assert config.cache_config.enable_prefix_caching
+    assert config.scheduler_config.scheduler_cls == "tagma.core.scheduler.TagmaScheduler"
 
 
 def test_sliding_window_beside_full_attention_is_served_with_prefix_caching(models: Path) -> None:
@@ -392,7 +389,7 @@ def test_paged_accepts_what_tagma_refuses() -> None:
 
 @pytest.mark.slow
 def test_server_exits_with_the_one_line_error_before_loading_the_model(models: Path) -> None:
-    model = craft_model(models, "mistral-swa-server", **SLIDING_WINDOW_MODEL)  # no weights at all
+    model = craft_model(models, "chunked-local-server", attention_chunk_size=256)  # no weights at all
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     command = [sys.executable, "-m", "tagma.serve", str(model), "--kv-cache-backend", "tagma",
                "--dtype", "float32", "--host", "127.0.0.1", "--port", "8931"]
@@ -402,7 +399,7 @@ def test_server_exits_with_the_one_line_error_before_loading_the_model(models: P
     elapsed = time.monotonic() - started
     stderr_lines = [line for line in result.stderr.splitlines() if line.strip() and "nanobind" not in line]
     assert result.returncode != 0
-    assert stderr_lines[-1] == expect(SLIDING_WITH_CACHING)
+    assert stderr_lines[-1] == expect("chunked local attention (attention_chunk_size=256)")
     assert "Traceback" not in result.stderr
     assert "EngineCore" not in result.stderr + result.stdout  # no engine core process was started
     assert elapsed < 120, f"refusal took {elapsed:.0f} s"

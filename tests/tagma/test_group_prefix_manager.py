@@ -1,4 +1,5 @@
-"""GroupPrefixKVCacheManager (prefix caching on over full-attention and sliding-window groups).
+"""GroupPrefixKVCacheManager (prefix caching on over full-attention and sliding-window groups, and over
+sliding-window groups alone: content-keyed).
 
 Two checks:
 
@@ -32,6 +33,9 @@ LAYOUTS: dict[str, list[KVCacheSpec]] = {
     "gpt-oss": [window(8), full()],
     "gemma3": [window(9), window(9), window(9), full()],
     "two-windows": [window(8), full(), window(17)],  # two window specs: vLLM's fixed point iterates
+    # every layer slides (no full group: content keys): one group (vLLM's unitary coordinator), two specs
+    "mistral": [window(8)],
+    "windows-only": [window(8), window(17)],
 }
 
 
@@ -162,7 +166,8 @@ def test_hits_admissions_and_blocks_match_vllm_without_eviction(layout: str, see
     run_lockstep(twin, seed, num_requests=40, chunk=chunk)
     assert sum(twin.hits) > 0, "the workload is meant to hit"
     lagging = [b > h for b, h in zip(twin.boundaries, twin.hits, strict=True)]
-    assert any(lagging), "a window is meant to lag the full group"
+    if layout not in ("mistral", "windows-only"):
+        assert any(lagging), "a window is meant to lag the full group"
     stats = twin.tagma.engine.stats()
     assert stats.used_blocks == 0 and not twin.tagma._reqs
 
@@ -202,11 +207,16 @@ class Oracle:
                 assert self.content.get(block) == want, f"group {g} block {block} at {i} holds other KV"
 
 
+# Pools for windows alone, which hold few blocks once running: small enough to preempt, large enough to
+# admit the longest request whole (admission needs its full sequence; a smaller pool never admits it).
+EVICTION_POOL = {"mistral": 20, "windows-only": 36}
+
+
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_hits_under_eviction_and_preemption_hold_the_right_kv(layout: str, seed: int) -> None:
     specs = LAYOUTS[layout]
-    config = make_config(18 * len(specs) + 8, specs=specs)
+    config = make_config(EVICTION_POOL.get(layout, 18 * len(specs) + 8), specs=specs)
     config.prefix_cache_retention_interval = 0
     manager = build_kv_cache_manager(config, **manager_kwargs(enable_caching=True))
     assert isinstance(manager, GroupPrefixKVCacheManager)

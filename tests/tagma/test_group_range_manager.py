@@ -345,20 +345,11 @@ def test_admission_cap_and_remaining_blocks_match_the_coordinator() -> None:
             assert counts[0] == counts[1], (cap, tokens)
 
 
-@pytest.mark.parametrize(
-    ("layout", "feature"),
-    [
-        ("mistral", "sliding-window attention on every layer"),
-        ("qwen3-next", "state layers with prefix caching on"),
-    ],
-)
-def test_prefix_caching_on_is_refused_in_one_line_where_no_full_group_keys_the_windows(
-    layout: str, feature: str
-) -> None:
-    """Caching on is served beside one full-attention group (tests/tagma/test_group_prefix_manager.py);
-    a model whose every layer slides, or with state layers, is refused by name."""
-    config = make_config(16, specs=LAYOUTS[layout])
-    with pytest.raises(TagmaUnsupported, match=feature):
+def test_prefix_caching_on_with_state_layers_is_refused_in_one_line() -> None:
+    """Caching on is served for windows beside one full-attention group and for windows alone
+    (tests/tagma/test_group_prefix_manager.py); with state layers (state checkpoints) it is refused."""
+    config = make_config(16, specs=LAYOUTS["qwen3-next"])
+    with pytest.raises(TagmaUnsupported, match="state layers with prefix caching on"):
         build_kv_cache_manager(config, **manager_kwargs(enable_caching=True))
 
 

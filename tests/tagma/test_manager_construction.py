@@ -31,7 +31,6 @@ def test_unsupported_configurations_are_refused() -> None:
         block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=8
     )
     cases: list[tuple[KVCacheConfig, dict[str, Any], str]] = [
-        (make_config(16, specs=[sw]), {}, "sliding.window"),
         (make_config(16), {"dcp_world_size": 2}, "decode context parallelism"),
         (make_config(16), {"pcp_world_size": 2}, "prefill context parallelism"),
         (make_config(16), {"use_eagle": True}, "EAGLE"),
@@ -40,8 +39,12 @@ def test_unsupported_configurations_are_refused() -> None:
     for config, extra, feature in cases:
         with pytest.raises(ValueError, match=f"^tagma: unsupported: .*{feature}"):
             build_kv_cache_manager(config, **manager_kwargs(**extra))
-    # Several groups with caching on are the group prefix manager's (test_group_prefix_manager.py); the
-    # block-object manager itself serves one group.
+    # A window alone or several groups, caching on, are the group prefix manager's
+    # (test_group_prefix_manager.py); the block-object manager itself serves one full-attention group.
+    served = build_kv_cache_manager(make_config(16, specs=[sw]), **manager_kwargs())
+    assert type(served).__name__ == "GroupPrefixKVCacheManager" and served._full is None
+    with pytest.raises(ValueError, match="^tagma: unsupported: .*sliding.window"):
+        TagmaKVCacheManager(make_config(16, specs=[sw]), **manager_kwargs())
     with pytest.raises(ValueError, match="^tagma: unsupported: .*KV cache groups"):
         TagmaKVCacheManager(make_config(16, specs=[full_spec(), sw]), **manager_kwargs())
 

@@ -1,7 +1,7 @@
 """Real vLLM servers on the sliding-window families (tiny gpt-oss, Gemma 3 and Mistral shapes, random
-weights): tagma's group managers generate exactly what paged generates. gpt-oss and Gemma 3 run with prefix
-caching on (vLLM's default; tagma's group prefix manager, the windows' blocks cached at the full group's
-index nodes), Mistral, whose every layer slides, with caching off (with caching on tagma refuses it).
+weights): tagma's group managers generate exactly what paged generates, with prefix caching on (vLLM's
+default; tagma's group prefix manager: gpt-oss's and Gemma 3's window blocks cached at the full group's index
+nodes, Mistral's, whose every layer slides, under chained content keys).
 
 Per family, a paged and a tagma server with the same settings (started together, driven one after the
 other: 2 cores) get the same requests together: prompts past the window (so window groups drop blocks while
@@ -45,7 +45,7 @@ BACKENDS = ("paged", "tagma")
 # tagma-vs-paged equality would test vLLM's batch invariance. Alone it still drops window blocks while
 # prefilling in chunks and decoding; preemption is exercised on the two float32 families.
 MAX_NUM_SEQS = {"gpt-oss": 1, "mistral": 6, "gemma3": 6}
-PREFIX_CACHING = {"gpt-oss": True, "mistral": False, "gemma3": True}
+PREFIX_CACHING = {"gpt-oss": True, "mistral": True, "gemma3": True}
 SERVER_ARGS = (
     "--block-size", str(BLOCK),
     "--max-num-batched-tokens", "512",  # chunked prefill: window groups drop blocks between chunks

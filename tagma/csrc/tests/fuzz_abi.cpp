@@ -119,6 +119,7 @@ struct Model {
   bool prefix = false;
   int64_t block_size = 0;
   int32_t side_groups = 0;            // the prefix index's side groups (0: not enabled)
+  bool keyed = false;                 // ... enabled as keyed side groups
   std::set<uint64_t> attached;        // requests lookup_attach gave a place in the index (free_front refuses them)
   std::map<uint64_t, std::vector<int32_t>> requests;  // live: blocks in logical order
   std::map<uint64_t, int> family;                     // token family per request (prefix tokens)
@@ -810,15 +811,22 @@ struct Fuzzer {
   // The prefix index's side groups: enable, insert (a side request's blocks at a full request's nodes),
   // lookup at the nodes of a walk, attach what was found to a fresh request.
   void side_ops(const State& before) {
-    const int op = static_cast<int>(rng.range(0, 3));
+    const int op = static_cast<int>(rng.range(0, 5));
     if (op == 0 || (m.side_groups == 0 && rng.chance(0.6))) {
       const int32_t groups = rng.chance(0.15) ? rng.hostile32() : static_cast<int32_t>(rng.range(0, 3));
-      const tagma_status st =
-          mutate("tagma_prefix_side_enable", before, [&] { return tagma_prefix_side_enable(pick_handle(), groups); });
+      const bool keyed = rng.chance(0.5);
+      const tagma_status st = mutate(keyed ? "tagma_prefix_keyed_enable" : "tagma_prefix_side_enable", before, [&] {
+        return keyed ? tagma_prefix_keyed_enable(pick_handle(), groups) : tagma_prefix_side_enable(pick_handle(), groups);
+      });
       if (st == TAGMA_OK) {
         expect(m.prefix && m.side_groups == 0 && groups >= 1 && groups <= 64, "side_enable");
         m.side_groups = groups;
+        m.keyed = keyed;
       }
+      return;
+    }
+    if (op >= 4) {
+      keyed_ops(before, op == 4);
       return;
     }
     const int32_t group = rng.chance(0.1) ? rng.hostile32() : static_cast<int32_t>(rng.range(0, 2));
@@ -874,6 +882,11 @@ struct Fuzzer {
     for (const int32_t b : found) {
       if (b >= 0) run.push_back(b);
     }
+    attach_found(run, family);
+  }
+
+  // Attaches the side blocks a lookup found (plus, sometimes, a hostile id) to a fresh request (or any).
+  void attach_found(std::vector<int32_t> run, int family) {
     if (rng.chance(0.1)) run.push_back(static_cast<int32_t>(rng.range(-2, m.num_blocks + 2)));
     uint64_t target = pick_request();
     if (rng.chance(0.8)) {
@@ -892,6 +905,63 @@ struct Fuzzer {
       m.requests[target] = run;
       for (const int32_t b : run) expect(now.cache_refs[static_cast<size_t>(b)] == 1, "side_attach of an uncached block");
     }
+  }
+
+  // Keyed side groups: chain keys, insert a request's blocks under them (`insert`), else look up and attach
+  // what was found (or hostile ids) to a fresh request.
+  void keyed_ops(const State& before, bool insert) {
+    const int32_t group = rng.chance(0.1) ? rng.hostile32() : static_cast<int32_t>(rng.range(0, 2));
+    const int64_t bs = std::max<int64_t>(m.block_size, 1);
+    const int family = static_cast<int>(rng.range(0, 3));
+    const uint64_t ns = static_cast<uint64_t>(family % 2);
+    // every array holds more entries than any call below may read (the side request's blocks bound them)
+    const int64_t entries = m.num_blocks + 16;
+    std::vector<int32_t> tokens = tokens_of(family, entries * bs);
+    std::vector<uint64_t> keys(2 * static_cast<size_t>(entries), 0);
+    const int64_t count = rng.chance(0.1) ? rng.hostile() : rng.range(0, 12);
+    const tagma_status keyed = mutate("tagma_prefix_chain_keys", before, [&] {
+      return tagma_prefix_chain_keys(pick_handle(), ns, nullptr, rng.chance(0.03) ? nullptr : tokens.data(),
+                                     std::min<int64_t>(count, entries), rng.chance(0.03) ? nullptr : keys.data());
+    });
+    if (keyed == TAGMA_OK) expect(m.prefix && count >= 0, "chain_keys succeeded");
+    if (insert) {
+      const uint64_t side = pick_request();
+      const int64_t first = rng.chance(0.1) ? rng.hostile() : rng.range(0, 3);
+      const int64_t start = rng.chance(0.1) ? rng.hostile() : rng.range(0, 12);
+      const int64_t end = rng.chance(0.1) ? rng.hostile() : rng.range(0, 14);
+      std::vector<uint8_t> mask(static_cast<size_t>(entries));
+      for (uint8_t& bit : mask) bit = rng.chance(0.6) ? 1 : 0;
+      // keys and tokens from block `start` on (a hostile start reads nothing: every position is refused)
+      const int64_t from = start >= 0 && start < 12 ? start : 0;
+      int64_t cached = -1;
+      const tagma_status st = mutate("tagma_prefix_keyed_insert", before, [&] {
+        return tagma_prefix_keyed_insert(pick_handle(), group, side, first, start, end, keys.data() + 2 * from,
+                                         tokens.data() + from * bs, rng.chance(0.5) ? mask.data() : nullptr,
+                                         rng.chance(0.2) ? nullptr : &cached);
+      });
+      if (st == TAGMA_OK) {
+        expect(m.keyed && group >= 0 && group < m.side_groups && m.requests.count(side) == 1, "keyed_insert succeeded");
+        expect(cached == -1 || (cached >= 0 && cached <= std::max<int64_t>(end - start, 0)), "keyed_insert count");
+      }
+      return;
+    }
+    const int64_t lookups = keyed == TAGMA_OK ? std::min<int64_t>(count, entries) : rng.range(0, 12);
+    std::vector<int32_t> found(static_cast<size_t>(entries), -2);
+    const tagma_status st = mutate("tagma_prefix_keyed_lookup", before, [&] {
+      return tagma_prefix_keyed_lookup(pick_handle(), group, keys.data(), tokens.data(),
+                                       rng.chance(0.05) ? std::min<int64_t>(rng.hostile(), -1) : lookups,
+                                       rng.chance(0.03) ? nullptr : found.data());
+    });
+    if (st != TAGMA_OK) return;
+    std::vector<int32_t> run;
+    for (int64_t i = 0; i < lookups; ++i) {
+      const int32_t b = found[static_cast<size_t>(i)];
+      if (b == -2) break;  // a count of 0 wrote nothing
+      expect(b == -1 || (b >= 1 && b < m.num_blocks && before.cache_refs[static_cast<size_t>(b)] == 1),
+             "keyed_lookup returned an uncached block");
+      if (b >= 0 && std::find(run.begin(), run.end(), b) == run.end()) run.push_back(b);
+    }
+    attach_found(run, family);
   }
 
   // Slot mapping: the three functions over the live requests' ranges agree (and with a overflow-checked reference).
