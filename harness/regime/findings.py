@@ -4,7 +4,8 @@ The sources are ``findings/sources.yaml``: the collected maps (``findings/maps/<
 :mod:`harness.regime.collect`), the GPU projection's published inputs, and the GPU runs (``findings/gpu/``,
 copied from ``results/gpu/`` of a run on a GPU: ``python -m benchmarks.gpu.decode_step``, ``python -m
 benchmarks.gpu``), and one full-size bench-host run (``findings/host/``, from ``results/host/``). Every
-number in the document is read from those files, and every table row names the run it came from
+number in the document is read from those files (and the paired runs' records, ``findings/serve/``, from
+:mod:`harness.regime.paired_text`), and every table row names the run it came from
 (``<map id>/<job>``, its runs, the commit and the machine), so the document can be checked against
 them line by line.
 """
@@ -23,6 +24,7 @@ from harness.regime.figures import write_figures
 from harness.regime.gpu_text import gpu_run_problems
 from harness.regime.host_text import host_run_problems
 from harness.regime.inserver_text import inserver_aa_problems
+from harness.regime.paired_text import paired_problems
 from harness.regime.pooled_text import POOLED_ROW
 from harness.regime.text import document
 
@@ -48,8 +50,12 @@ def load_sources(path: Path = SOURCES) -> dict[str, Any]:
     inserver_aa = read_json(base / spec["inserver_aa"]) if spec.get("inserver_aa") else None
     if inserver_aa is not None and (problems := inserver_aa_problems(inserver_aa)):
         raise ValueError("; ".join(problems))
+    paired = [read_json(base / f) for f in spec.get("paired_runs") or ()]
+    if problems := [p for rec in paired for p in paired_problems(rec)]:
+        raise ValueError("; ".join(problems))
     return {
         **spec,
+        "paired_runs": paired,
         "maps": maps,
         "map_files": list(spec.get("maps") or ()),
         "gpu_runs": gpu_runs,
@@ -59,9 +65,11 @@ def load_sources(path: Path = SOURCES) -> dict[str, Any]:
 
 
 def run_ids(sources: dict[str, Any]) -> set[str]:
-    """Every run a row may name: the maps' jobs, the GPU runs, the bench-host run and the in-server A/A."""
+    """Every run a row may name: the maps' jobs, the GPU runs, the bench-host run, the in-server A/A and the
+    paired runs."""
     host = {sources[k]["run_id"] for k in ("host_run", "inserver_aa") if sources.get(k)}
-    return {job["run_id"] for m in sources["maps"] for job in m["jobs"]} | host | {
+    paired = {rec["run_id"] for rec in sources.get("paired_runs") or ()}
+    return {job["run_id"] for m in sources["maps"] for job in m["jobs"]} | host | paired | {
         run["run_id"] for run in (sources.get("gpu_runs") or {}).values()
     }
 

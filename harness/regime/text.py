@@ -18,6 +18,7 @@ from harness.regime.gpu_text import gpu_answer, gpu_kernels, gpu_projection
 from harness.regime.gpu_text import pct as _pct
 from harness.regime.host_text import host_answer, host_section
 from harness.regime.inserver_text import inserver_aa_answer, inserver_aa_section
+from harness.regime.paired_text import paired_answer, paired_section
 from harness.regime.pooled_text import order_section, pooled_answer, pooled_section
 
 __all__ = ["document", "fmt_metric", "headline"]
@@ -96,7 +97,7 @@ def _answer(maps: Sequence[dict[str, Any]], sources: Mapping[str, Any]) -> list[
                 f"  - {job['group']} {_cell_label(c)}, {metric}: {fmt_metric(row)} (run {job['run_id']})"
             )
     else:
-        lines.append("- No cell shows a supported difference in what a user sees.")
+        lines.append("- No map cell shows a supported difference in what a user sees.")
     if h["parity"]:
         n = sum(len(m) for _, _, m in h["parity"])
         lines.append(
@@ -123,6 +124,7 @@ def _answer(maps: Sequence[dict[str, Any]], sources: Mapping[str, Any]) -> list[
         lines.append(
             "- Calibration: these maps ran no A/A; the MDEs rest on the A/B cells' own run-to-run spread."
         )
+    lines += paired_answer(sources)
     return [*lines, *gpu_answer(sources), *host_answer(sources), *inserver_aa_answer(sources), ""]
 
 
@@ -283,6 +285,7 @@ def document(sources: Mapping[str, Any], figures: Mapping[str, str]) -> str:
     ):
         if key in figures:
             lines += [f"![{title}]({figures[key]})", ""]
+    lines += paired_section(sources)
     lines += pooled_section(maps, sources.get("pooled_notes", []))
     lines += order_section(maps)
     lines += [

@@ -61,6 +61,7 @@ def sources_for(tmp_path: Path, record: dict) -> Path:
     for key in ("host_run", "inserver_aa"):
         if spec.get(key):
             spec[key] = str(REPO / "findings" / spec[key])
+    spec["paired_runs"] = [str(REPO / "findings" / f) for f in spec.get("paired_runs") or ()]
     path = tmp_path / "sources.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path

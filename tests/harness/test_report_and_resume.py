@@ -219,3 +219,39 @@ def test_abba_order_balances_position() -> None:
     assert order.count(a) == order.count(b) == 4
     with pytest.raises(ValueError):
         abba.abba_order(0, a, b)
+
+
+def test_a_paired_runs_record_and_its_findings_rows(tmp_path: Path) -> None:
+    """harness.regime.paired_text: the record of a paired run names its verdicts and its order check, and
+    the FINDINGS rows name the run; an ABBA run is refused."""
+    from harness.regime import paired_text
+
+    root = tmp_path / "paired-run"
+    _meta(root, design="paired")
+    config = read_json(root / "config.json")
+    config["workload"] = {"input_len": {"low": 1024, "high": 1024}, "output_len": {"value": 8},
+                          "num_requests": 40}  # fmt: skip
+    config["server"] = {"extra_args": ["--no-enable-prefix-caching"]}
+    config["run"]["repeats"] = 1
+    write_json(root / "config.json", config)
+    _fake_run(root, 0, "paged", scale=1.0, n=40, design="paired")
+    _fake_run(root, 1, "tagma", scale=0.9, n=40, design="paired")
+    report.write_report(root, n_boot=200)
+    rec = paired_text.record(root)
+    assert rec["kind"] == "A/B" and rec["cell"]["prefix_caching"] is False
+    assert rec["cell"]["pair_gap_s"] == 0.0  # written before the pause existed
+    assert {r["metric"]: r["verdict"] for r in rec["primary"]}["mean_ttft_ms"] == "faster"
+    assert rec["slots"] and "baseline" in rec["slots"][0]
+    sources = {"paired_runs": [rec]}
+    section = "\n".join(paired_text.paired_section(sources))
+    assert "| paired-run | A/B | m, 1024 x 8 tok, caching off, 40 prompts x 1 rounds, pause 0 s |" in section
+    answer = "\n".join(paired_text.paired_answer(sources))
+    assert "Paired run paired-run" in answer and "supported differences: mean_ttft_ms 0.898" in answer, answer
+    assert "their A/As made 0 false verdicts in 0 metric tests" in answer
+    abba_root = tmp_path / "abba-run"
+    _meta(abba_root)
+    _fake_run(abba_root, 0, "paged", scale=1.0)
+    _fake_run(abba_root, 1, "tagma", scale=1.0)
+    report.write_report(abba_root, n_boot=200)
+    with pytest.raises(ValueError, match="design 'abba'"):
+        paired_text.record(abba_root)

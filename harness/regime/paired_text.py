@@ -1,0 +1,166 @@
+"""FINDINGS.md's paired runs: `make bench-cpu` runs of the paired design (both servers up, each prompt sent to
+both, one request in flight), A/B and A/A at the same cell, each with its verdicts and its check of the order
+within a pair.
+
+``python -m harness.regime.paired_text results/serve/<run id>`` writes the run's record (its primary rows,
+its in-server rows per request, the slot check, the cell, the commit and the machine) to
+``findings/serve/<run id>.json``; ``paired_runs`` in findings/sources.yaml names the records the document
+shows. Only a paired run is accepted."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.analysis.runs import load_runs
+from harness.analysis.statistics import DIRECTION_VERDICTS
+from harness.config import SavedConfig
+from harness.designs.paired import slot_lines
+from harness.files import read_json, write_json
+from harness.regime.collect import REPO
+from harness.regime.gpu_text import fmt
+
+__all__ = ["PAIRED_SCHEMA", "paired_answer", "paired_problems", "paired_section", "record"]
+
+PAIRED_SCHEMA = "tagma-paired-run/1"
+HOST_ROWS = ("kv_manager_us_per_request", "worker_prepare_us_per_request")
+
+
+def paired_problems(rec: Mapping[str, Any]) -> list[str]:
+    """Why a record cannot be shown: not one, or not a paired run with its primary rows."""
+    name = rec.get("run_id", "?")
+    if rec.get("schema") != PAIRED_SCHEMA:
+        return [f"paired run {name}: schema {rec.get('schema')!r}, expected {PAIRED_SCHEMA!r}"]
+    if rec.get("design") != "paired" or not rec.get("primary"):
+        return [f"paired run {name}: design {rec.get('design')!r} with {len(rec.get('primary') or [])} rows"]
+    return []
+
+
+def _row(r: Mapping[str, Any]) -> dict[str, Any]:
+    keep = ("metric", "ratio", "ci_low", "ci_high", "p_adjusted", "verdict", "samples")
+    return {k: r.get(k) for k in keep}
+
+
+def record(run_dir: Path) -> dict[str, Any]:
+    """The record of a paired run directory, its problems checked first."""
+    config = SavedConfig.load(run_dir)
+    summary = read_json(run_dir / "summary.json")
+    env = read_json(run_dir / "environment.json") if (run_dir / "environment.json").exists() else {}
+    workload = config.section("workload")
+    run = config.section("run")
+    extra = config.section("server").get("extra_args") or []
+    rec = {
+        "schema": PAIRED_SCHEMA,
+        "run_id": run_dir.name,
+        "design": summary.get("design"),
+        "kind": summary.get("kind"),
+        "backends": list(config.backends),
+        "model": config.section("model").get("name"),
+        "cell": {
+            "prompt_tokens": [(workload.get("input_len") or {}).get(k) for k in ("low", "high")],
+            "output_tokens": (workload.get("output_len") or {}).get("value"),
+            "prefix_caching": "--no-enable-prefix-caching" not in extra,
+            "requests": workload.get("num_requests"),
+            "rounds": run.get("repeats"),
+            "pair_gap_s": run.get("pair_gap_s", 0.0),  # runs before the pause existed had none
+        },
+        "environment": {k: env.get(k) for k in ("cpu", "cpu_isa", "cpu_count", "git", "packages")},
+        "primary": [_row(r) for r in summary["ab"] if r.get("primary")],
+        "host": [_row(r) for r in summary.get("host_time") or () if r.get("metric") in HOST_ROWS],
+        "slots": slot_lines(load_runs(run_dir), config.backends),
+    }
+    if problems := paired_problems(rec):
+        raise ValueError("; ".join(problems))
+    return rec
+
+
+def _metric(r: Mapping[str, Any]) -> str:
+    ci = f" [{fmt(r['ci_low'])}, {fmt(r['ci_high'])}]" if r.get("ci_low") is not None else ""
+    return f"{fmt(r['ratio'])}{ci} **{r['verdict']}**"
+
+
+def _label(rec: Mapping[str, Any]) -> str:
+    cell = rec["cell"]
+    low, high = cell["prompt_tokens"]
+    tokens = f"{low}" if low == high else f"{low}-{high}"
+    caching = "caching on" if cell["prefix_caching"] else "caching off"
+    return (f"{rec['model']}, {tokens} x {cell['output_tokens']} tok, {caching}, {cell['requests']} prompts "
+            f"x {cell['rounds']} rounds, pause {fmt(cell['pair_gap_s'] or 0)} s")  # fmt: skip
+
+
+def _aa(rec: Mapping[str, Any]) -> bool:
+    return len(set(rec["backends"])) == 1
+
+
+def paired_answer(sources: Mapping[str, Any]) -> list[str]:
+    """The answer's bullets on the paired runs: their supported verdicts, and their A/As' false ones."""
+    runs: Sequence[Mapping[str, Any]] = sources.get("paired_runs") or []
+    if not runs:
+        return []
+    lines = []
+    for rec in runs:
+        calls = [r for r in rec["primary"] if r["verdict"] in DIRECTION_VERDICTS]
+        if not calls:
+            continue
+        what = "false verdicts between identical servers" if _aa(rec) else "supported differences"
+        listed = "; ".join(f"{r['metric']} {_metric(r)}" for r in calls)
+        lines.append(f"- Paired run {rec['run_id']} ({_label(rec)}), {what}: {listed}.")
+    aa_tests = [r for rec in runs if _aa(rec) for r in rec["primary"]]
+    false = [r for r in aa_tests if r["verdict"] in DIRECTION_VERDICTS]
+    lines.append(
+        f"- Paired runs: {len(runs)} (section 'Paired runs'); their A/As made {len(false)} false verdicts in "
+        f"{len(aa_tests)} metric tests."
+    )
+    return lines
+
+
+def paired_section(sources: Mapping[str, Any]) -> list[str]:
+    """The paired runs' table and notes (empty without records)."""
+    runs: Sequence[Mapping[str, Any]] = sources.get("paired_runs") or []
+    if not runs:
+        return []
+    names = [r["metric"] for r in runs[0]["primary"]]
+    lines = [
+        "## Paired runs: both servers up, each prompt to both",
+        "",
+        "`make bench-cpu` with `run.design=paired`: each prompt goes to one server and then the other (the "
+        "first alternating pair by pair), one request in flight, fresh servers each round; intervals are per "
+        "request pair (batch jackknife), verdicts Holm-corrected over the run's five primary metrics.",
+        "",
+        "| run | kind | cell | " + " | ".join(names) + " | KV manager / request | worker prepare / request "
+        "| commit, machine |",
+        "|" + "---|" * (len(names) + 6),
+    ]
+    for rec in runs:
+        host = {r["metric"]: r for r in rec["host"]}
+        cells = [_metric(r) for r in rec["primary"]]
+        parts = [_metric(host[m]).replace(" **descriptive**", "") if m in host else "-" for m in HOST_ROWS]
+        env = rec["environment"]
+        isa = ", ".join((env.get("cpu_isa") or {}).get("flags") or [])
+        git = env.get("git") or {}
+        commit = str(git.get("commit"))[:7] + (" (dirty)" if git.get("dirty") else "")
+        lines.append(
+            f"| {rec['run_id']} | {'A/A' if _aa(rec) else 'A/B'} | {_label(rec)} | " + " | ".join(cells)
+            + f" | {parts[0]} | {parts[1]} | {commit}, {env.get('cpu')} {isa} |"
+        )
+    lines += ["", "The order within each run's pairs (each arm's TTFT when it went first and second):", ""]
+    lines += [f"- {rec['run_id']}: {'; '.join(rec['slots']) or 'no order recorded'}" for rec in runs]
+    return [*lines, "", *sources.get("paired_notes", []), ""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Write a paired run's record for FINDINGS.md.")
+    p.add_argument("run_dir", type=Path, help="results/serve/<paired run id>")
+    p.add_argument("--out", type=Path, default=None, help="default: findings/serve/<run id>.json")
+    args = p.parse_args(argv)
+    rec = record(args.run_dir)
+    out = args.out or REPO / "findings" / "serve" / f"{rec['run_id']}.json"
+    write_json(out, rec)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
