@@ -510,17 +510,13 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
 
     def _chain_keys(self, request: Request, start: int, end: int) -> tuple[KeyArray, np.ndarray]:
         """The content keys and tokens of the request's blocks [start, end), the chain going on from its
-        last cached block's key (from its namespace's start at block 0)."""
+        last cached block's key (from its namespace's start at block 0). A request that has cached blocks
+        has its chain: ``_attach`` and this method set it whenever ``_cached`` moves past 0."""
         rid = request.request_id
-        bs = self._bs
-        prev = self._chain.get(rid) if start else None
-        first = start if start == 0 or prev is not None else 0  # no chain kept: hash again from block 0
-        tokens = self.index.tokens_array(request._all_token_ids, first * bs, end * bs)
-        keys = self.sides.keys(self._ns[rid], tokens, prev)
-        if first < start:
-            keys, tokens = keys[start - first :], tokens[(start - first) * bs :]
+        tokens = self.index.tokens_array(request._all_token_ids, start * self._bs, end * self._bs)
+        keys = self.sides.keys(self._ns[rid], tokens, self._chain[rid] if start else None)
         self._chain[rid] = keys[-1].copy()
-        return np.ascontiguousarray(keys), np.ascontiguousarray(tokens)
+        return keys, tokens
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         state = self._reqs.get(request.request_id)

@@ -17,19 +17,13 @@ import numpy as np
 import numpy.typing as npt
 
 from tagma.engine.abi import I32Array, _check_i32, _check_i64, _check_u64
-from tagma.engine.loader import _load, _raise
+from tagma.engine.loader import _raise
 from tagma.engine.prefix_index import PrefixIndex
-from tagma.engine.prefix_side import PrefixSideGroups
+from tagma.engine.prefix_side import _I32, _I64, _STATUS, _U64, _VP, PrefixSideGroups, _bind
 
 __all__ = ["KeyArray", "PrefixKeyedGroups"]
 
 KeyArray = npt.NDArray[np.uint64]  # shape (blocks, 2): each block's key (lo, hi)
-
-_VP = ctypes.c_void_p
-_I32 = ctypes.c_int32
-_I64 = ctypes.c_int64
-_U64 = ctypes.c_uint64
-_STATUS = ctypes.c_int32
 
 _SIGNATURES: Final[dict[str, tuple[Any, list[Any]]]] = {
     "tagma_prefix_keyed_enable": (_STATUS, [_U64, _I32]),
@@ -39,15 +33,6 @@ _SIGNATURES: Final[dict[str, tuple[Any, list[Any]]]] = {
 }
 
 
-def _bind() -> ctypes.CDLL:
-    lib = _load()
-    for name, (restype, argtypes) in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype = restype
-        fn.argtypes = argtypes
-    return lib
-
-
 class PrefixKeyedGroups(PrefixSideGroups):
     """The keyed side groups of one :class:`PrefixIndex` (enabled by the constructor, instead of node-keyed
     side groups). Groups are numbered from 0 by the caller. Tokens are int32 arrays (``tokens_array``)."""
@@ -55,7 +40,7 @@ class PrefixKeyedGroups(PrefixSideGroups):
     __slots__ = ("_block_size", "_f_keys", "_f_keyed_insert", "_f_keyed_lookup")
 
     def __init__(self, index: PrefixIndex, groups: int) -> None:
-        lib = _bind()
+        lib = _bind(_SIGNATURES)
         status = lib.tagma_prefix_keyed_enable(index.engine.handle, _check_i32(groups, "groups"))
         if status:
             _raise(lib, status)

@@ -52,9 +52,10 @@ class _CSideStats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in PrefixSideStats.__dataclass_fields__]
 
 
-def _bind() -> ctypes.CDLL:
+def _bind(signatures: dict[str, tuple[Any, list[Any]]] = _SIGNATURES) -> ctypes.CDLL:
+    """The engine library with ``signatures`` bound (the side groups' by default)."""
     lib = _load()
-    for name, (restype, argtypes) in _SIGNATURES.items():
+    for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
         fn.restype = restype
         fn.argtypes = argtypes
