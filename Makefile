@@ -87,7 +87,9 @@ sanitize:
 
 # The C ABI fuzzer on the sanitizer build: random and adversarial call sequences against a reference model
 # (tagma/csrc/tests/fuzz_abi.cpp). FUZZ_SECONDS is the budget, FUZZ_SEED picks the sequence (a finding
-# prints the seed, episode and step to replay: build/sanitize/tagma_fuzz --seed N --seconds S).
+# prints the seed, episode, step and the step's mutating call; replay it from the episode before, since an
+# episode's calls also depend on the previous one's handles: build/sanitize/tagma_fuzz --seed N
+# --first-episode E-1 --seconds 5).
 FUZZ_SECONDS ?= 60
 FUZZ_SEED ?= 1
 fuzz:

@@ -182,7 +182,9 @@ int64_t Engine::prefix_insert(uint64_t ns, uint64_t id, const int32_t* tokens, i
       node = child;
       continue;
     }
-    if (index.indexed(block)) {  // attached from elsewhere under another parent: cannot index it twice
+    // Attached from elsewhere under another parent, or cached as another group's side block (keyed or at a
+    // node): a block is cached once, so the request's indexing stops here.
+    if (index.indexed(block) || index.side_owner(block) != PrefixIndex::kNone) {
       cursor.lost = true;
       break;
     }

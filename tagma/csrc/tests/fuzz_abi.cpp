@@ -1,6 +1,8 @@
 // tagma_fuzz: random and adversarial call sequences over the whole C ABI, checked against a reference model.
 //
-//   tagma_fuzz [--seed N] [--seconds S] [--iterations N] [--verbose]
+//   tagma_fuzz [--seed N] [--seconds S] [--iterations N] [--first-episode E] [--verbose]
+// (--first-episode E starts at episode E: each episode seeds itself from the seed and its number, and also draws
+// from the previous episodes' destroyed handles, so replay a finding in episode E from E-1)
 //
 // Episodes: an engine is created (random pool, align, policy; hostile arguments first), driven by a few hundred
 // random calls, then destroyed (its stale handle is then tried). Every call gets hostile values with some
@@ -43,11 +45,14 @@ uint64_t g_seed = 0;
 int64_t g_episode = 0;
 int64_t g_step = 0;
 const char* g_call = "";
+const char* g_mutation = "";  // the step's mutating call, and its status (a finding in a read names both)
+tagma_status g_mutation_status = TAGMA_OK;
 
 [[noreturn]] void finding(const std::string& what) {
   std::fprintf(stderr, "FUZZ FINDING (seed %" PRIu64 ", episode %" PRId64 ", step %" PRId64 ", call %s): %s\n",
                g_seed, g_episode, g_step, g_call, what.c_str());
   std::fprintf(stderr, "  last error: %s\n", tagma_last_error());
+  std::fprintf(stderr, "  the step's mutating call: %s (status %d)\n", g_mutation, static_cast<int>(g_mutation_status));
   std::abort();
 }
 
@@ -309,7 +314,9 @@ struct Fuzzer {
   template <class Call>
   tagma_status mutate(const char* name, const State& before, Call&& call) {
     g_call = name;
+    g_mutation = name;
     const tagma_status status = call();
+    g_mutation_status = status;
     g_call = name;
     check_status(status);
     if (status != TAGMA_OK) {
@@ -349,6 +356,8 @@ struct Fuzzer {
 
   void step() {
     const State before = read_state(m);
+    g_mutation = "(none yet)";
+    g_mutation_status = TAGMA_OK;
     const int op = static_cast<int>(rng.range(0, 25));
     switch (op) {
       case 0: case 1: {  // create
@@ -1135,6 +1144,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   double seconds = 10.0;
   int64_t iterations = -1;
+  int64_t first_episode = 0;
   bool verbose = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -1151,10 +1161,12 @@ int main(int argc, char** argv) {
       seconds = std::strtod(value(), nullptr);
     } else if (arg == "--iterations") {
       iterations = std::strtoll(value(), nullptr, 0);
+    } else if (arg == "--first-episode") {
+      first_episode = std::strtoll(value(), nullptr, 0);
     } else if (arg == "--verbose") {
       verbose = true;
     } else {
-      std::fprintf(stderr, "usage: tagma_fuzz [--seed N] [--seconds S] [--iterations N] [--verbose]\n");
+      std::fprintf(stderr, "usage: tagma_fuzz [--seed N] [--seconds S] [--iterations N] [--first-episode E] [--verbose]\n");
       return 2;
     }
   }
@@ -1163,7 +1175,7 @@ int main(int argc, char** argv) {
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   std::vector<tagma_engine_handle> destroyed;
   int64_t steps = 0;
-  for (g_episode = 0;; ++g_episode) {
+  for (g_episode = first_episode;; ++g_episode) {
     if (elapsed() >= seconds || (iterations >= 0 && steps >= iterations)) break;
     Fuzzer fuzzer(seed * 1000003 + static_cast<uint64_t>(g_episode));
     fuzzer.create_engine();

@@ -145,6 +145,28 @@ TEST(prefix_keyed_blocks_outlive_their_window_and_are_evicted_alone) {
   check_keyed_invariants(engine);
 }
 
+// A block is cached once: a request whose blocks are keyed side blocks indexes nothing past them in the full
+// group's trie (the fuzz found them counted twice, as a node and as a side block).
+TEST(prefix_keyed_blocks_are_not_indexed_again_as_nodes) {
+  TestEngine engine(17);
+  enable(engine);
+  const Tokens tokens = counting(7, 8);  // 4 blocks
+  const uint64_t request = engine.new_request();
+  engine.append(request, 4);
+  CHECK_EQ(keyed_insert(engine, request, 0, 2, 4, tokens), 2);  // logical 2 and 3 keyed
+  int64_t indexed = -1;
+  require_ok(tagma_prefix_insert(engine.handle(), 0, request, tokens.data(), 0, 8, &indexed), "tagma_prefix_insert");
+  CHECK_EQ(indexed, 2);  // stops at the first keyed block
+  tagma_prefix_stats prefix{};
+  require_ok(tagma_prefix_stats_get(engine.handle(), &prefix), "tagma_prefix_stats_get");
+  CHECK_EQ(prefix.indexed_blocks, 2);
+  CHECK_EQ(side_stats(engine).cached_blocks, 2);
+  engine.check_invariants();
+  int64_t refs = 0;
+  for (const int32_t r : engine.cache_refs()) refs += r;
+  CHECK_EQ(refs, 4);  // each block once
+}
+
 TEST(prefix_keyed_lookup_compares_tokens_groups_and_masks) {
   TestEngine engine(33);
   enable(engine, 2);
