@@ -50,6 +50,15 @@ HOST_COMPONENTS = {
 }
 
 
+# The worker's other parts of a step (where its worker_parts rows exist): descriptive, beside the components.
+PART_COMPONENTS = {
+    "slot_mappings": "slot_mappings_ns_net",
+    "attn_metadata": "attn_metadata_ns_net",
+    "preprocess": "preprocess_ns_net",
+    "model_forward": "forward_wall_ns",
+}
+
+
 def host_dir(run: Mapping) -> Path:
     """Where a run's host-time files are: its own directory, or (a regime-map segment, one cell's share of a
     server lifetime) the lifetime's directory its status names."""
@@ -60,8 +69,9 @@ def host_dir(run: Mapping) -> Path:
 def host_steps(run: Mapping) -> dict[str, np.ndarray] | None:
     """The run's busy scheduler steps inside its replay window (from ``replay_start_ns``, up to
     ``replay_end_ns`` where the run shares its server), in us per component, plus ``forward`` (the worker's
-    execute_model wall time less its input preparation, where the worker's steps line up), ``num_reqs`` and
-    ``end_ns``; None without host time."""
+    execute_model wall time less its input preparation, where the worker's steps line up), the worker's
+    parts (:data:`PART_COMPONENTS`) where it wrote them, ``num_reqs`` and ``end_ns``; None without host
+    time."""
     try:
         host = load_run(host_dir(run))
     except (FileNotFoundError, ValueError):
@@ -70,7 +80,8 @@ def host_steps(run: Mapping) -> dict[str, np.ndarray] | None:
     keep = (s["num_tokens"] > 0) & (s["end_ns"] >= int(run.get("replay_start_ns") or 0))
     if run.get("replay_end_ns"):
         keep &= s["end_ns"] <= int(run["replay_end_ns"])
-    out = {name: s[col][keep] / 1000.0 for name, col in HOST_COMPONENTS.items() if col in s}
+    columns = HOST_COMPONENTS | PART_COMPONENTS
+    out = {name: s[col][keep] / 1000.0 for name, col in columns.items() if col in s}
     for name in host.groups:  # per KV cache group (TAGMA_HOST_TIME_GROUPS=1): parts of kv_manager
         out[name] = s[f"{name}_ns_net"][keep] / 1000.0
     if "execute_wall_ns" in s and "worker_prepare" in out:
@@ -103,7 +114,7 @@ def host_time_comparisons(
     if not all(steps.values()):
         return rows
     base, cand = ARM_NAMES
-    for name in (*HOST_COMPONENTS, *group_components(steps)):
+    for name in (*HOST_COMPONENTS, *group_components(steps), *PART_COMPONENTS):
         a = [s[name] for _, s in steps[base] if name in s]
         b = [s[name] for _, s in steps[cand] if name in s]
         if not a or not b:

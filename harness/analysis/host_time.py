@@ -12,6 +12,8 @@ Per-step arrays (numpy int64/float64, one entry per engine step, in step order):
   ``<x>_net``        the same with the clock's own cost taken out: each timed interval contains about one
                      read of the thread-CPU clock (``timer_overhead_ns``, measured in that process), and an
                      enclosing interval also both reads of every timed call inside it
+  worker parts       ``slot_mappings_ns``, ``attn_metadata_ns``, ``preprocess_ns``, ``forward_cpu_ns``
+                     (each with ``_net``) and ``forward_wall_ns``, where the worker wrote worker_parts rows
   ``kv_group<g>_<kind>_ns`` / ``_net``  with ``TAGMA_HOST_TIME_GROUPS=1``: the KV manager's time in group g's
                      block work (kind ``full``, ``window<tokens>``, ``state``, ``other``); part of
                      kv_manager_total_ns, whose ``_net`` then also loses both clock reads of each group call
@@ -28,11 +30,15 @@ import numpy as np
 
 from tagma.contract import HOST_TIME_FILE
 from tagma.probes.host_time import COLUMNS, GROUP_KINDS, HostTimeChunk, host_time_files, read_chunks
+from tagma.probes.host_time import process_file as host_time_process_file
 
 __all__ = [
-    "BASE_NAME", "COMPONENTS", "GROUP_PREFIX", "HostTimeRun", "group_columns", "group_index", "load_run",
-    "summarize",
+    "BASE_NAME", "COMPONENTS", "GROUP_PREFIX", "PART_COLUMNS", "HostTimeRun", "group_columns", "group_index",
+    "load_run", "summarize",
 ]  # fmt: skip
+
+# The worker's parts of execute_model beside input preparation (tagma.probes.host_time, role worker_parts).
+PART_COLUMNS = ("slot_mappings_ns", "attn_metadata_ns", "preprocess_ns", "forward_cpu_ns", "forward_wall_ns")
 
 BASE_NAME = HOST_TIME_FILE  # the runner sets TAGMA_HOST_TIME_FILE=<run dir>/host_time.jsonl
 
@@ -142,6 +148,28 @@ def group_columns(steps: dict[str, np.ndarray], c: int, path: Path) -> list[str]
     return out
 
 
+def _add_worker_parts(w: dict[str, np.ndarray], cw: int, path: Path) -> list[str]:
+    """Add one worker's ``worker_parts`` columns (same process, same step numbers) to its columns ``w``, both
+    cut to the steps both have, with each part's ``_net`` (one timed interval: one clock read). Returns the
+    file when there is one."""
+    if not path.exists():
+        return []
+    chunks = read_chunks(path)
+    if not chunks:
+        return []
+    parts = _columns(chunks, "worker_parts")
+    n = min(len(w["step"]), len(parts["step"]))
+    if n and parts["step"][0] != w["step"][0]:
+        raise ValueError(f"host time: {path} starts at step {parts['step'][0]}, its worker at {w['step'][0]}")
+    for key in list(w):
+        w[key] = w[key][:n]
+    for key in PART_COLUMNS:
+        w[key] = parts[key][:n]
+        if key != "forward_wall_ns":
+            w[f"{key}_net"] = w[key] - cw
+    return [str(path)]
+
+
 def load_run(path: str | Path) -> HostTimeRun:
     """The host time of one server lifetime: ``path`` is a run directory (holding the files written for
     ``<dir>/host_time.jsonl``) or the ``TAGMA_HOST_TIME_FILE`` path itself."""
@@ -194,6 +222,7 @@ def load_run(path: str | Path) -> HostTimeRun:
         w["block_table_ns_net"] = w["block_table_ns"] - cw * w["block_table_calls"]
         w["update_states_ns_net"] = w["update_states_ns"] - cw
         w["prepare_inputs_ns_net"] = w["prepare_inputs_ns"] - cw
+        run.files += _add_worker_parts(w, cw, host_time_process_file(base, "worker_parts", chunks[0].pid))
         run.worker.append(w)
         run.files.append(str(wf))
         run.timer_overhead_ns.setdefault("worker", cw)
@@ -203,7 +232,7 @@ def load_run(path: str | Path) -> HostTimeRun:
         n = min(len(steps["step"]), *(len(w["step"]) for w in run.worker))
         for key in list(steps):
             steps[key] = steps[key][:n]
-        for key in run.worker[0]:
+        for key in set(run.worker[0]).intersection(*run.worker[1:]):
             if key in ("step", "num_reqs", "num_tokens", "end_ns"):
                 continue
             # Several workers (tensor parallel): the step waits for the slowest one.

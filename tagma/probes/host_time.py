@@ -82,6 +82,15 @@ FORMAT_VERSION = 1
 #                         compute_slot_mapping)
 #   block_table_calls     timed block-table calls
 #   execute_wall_ns       wall time of the whole execute_model() (context: includes the forward pass)
+# Worker parts (worker process, the same steps as the worker's rows; written only where the runner has all
+# four methods, so a part is never silently zero): the rest of execute_model() beside input preparation,
+# each counted only outside _update_states/_prepare_inputs, so the parts and worker_prepare_ns are disjoint:
+#   slot_mappings_ns      GPUModelRunner._get_slot_mappings (the per-group slot mappings handed to attention)
+#   attn_metadata_ns      GPUModelRunner._build_attention_metadata (per group: the attention backend's
+#                         metadata builder, which reads the block table and sequence lengths)
+#   preprocess_ns         GPUModelRunner._preprocess (input ids, positions, embeddings)
+#   forward_cpu_ns        GPUModelRunner._model_forward, this thread's CPU time
+#   forward_wall_ns       the same, wall time
 # KV cache groups (engine-core process, ``TAGMA_HOST_TIME_GROUPS=1`` and several groups): one row per group
 # per scheduler step, the step numbered as the scheduler's row of the same step:
 #   group                 the KV cache group's index (vLLM's kv_cache_groups order)
@@ -101,6 +110,10 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "worker": (
         "step", "update_states_ns", "prepare_inputs_ns", "worker_prepare_ns", "block_table_ns",
         "block_table_calls", "num_reqs", "num_tokens", "execute_wall_ns", "end_ns",
+    ),
+    "worker_parts": (
+        "step", "slot_mappings_ns", "attn_metadata_ns", "preprocess_ns", "forward_cpu_ns", "forward_wall_ns",
+        "end_ns",
     ),
     "kv_groups": ("step", "group", "kind", "window", "group_ns", "group_calls", "end_ns"),
 }  # fmt: skip

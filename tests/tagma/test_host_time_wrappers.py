@@ -343,6 +343,22 @@ class FakeRunner:
     def execute_model(self, out: FakeOutput) -> None:
         self._update_states(out)
         self._prepare_inputs(out, None)
+        self._get_slot_mappings()
+        self._build_attention_metadata()
+        self._preprocess()
+        self._model_forward()
+
+    def _get_slot_mappings(self) -> None:
+        CLOCK.burn(60)
+
+    def _build_attention_metadata(self) -> None:
+        CLOCK.burn(250)
+        self._get_slot_mappings()  # nested: counted once, in the outer part
+
+    def _preprocess(self) -> None:
+        CLOCK.burn(80)
+
+    def _model_forward(self) -> None:
         CLOCK.burn(100000)  # the forward pass: not preparation
 
 
@@ -352,7 +368,9 @@ def test_worker_wrappers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hooks, "_clock", CLOCK)
     clock = hooks.WorkerClock()
     writer = ListWriter()
-    clock.writer_factory = lambda role, backend: writer  # type: ignore[assignment,return-value]
+    parts = ListWriter()
+    writers = {"worker": writer, "worker_parts": parts}
+    clock.writer_factory = lambda role, backend: writers[role]  # type: ignore[assignment,return-value]
     runner_cls = type("Runner", (FakeRunner,), {})
     table_cls = type("Table", (FakeBlockTable,), {})
     hooks.wrap_runner_class(runner_cls, clock)
@@ -369,6 +387,31 @@ def test_worker_wrappers(monkeypatch: pytest.MonkeyPatch) -> None:
     assert row["worker_prepare_ns"] == 1290
     assert row["block_table_ns"] == 90 and row["block_table_calls"] == 3
     assert (row["num_reqs"], row["num_tokens"], row["step"]) == (2, 6, 0)
+    (part,) = [dict(zip(COLUMNS["worker_parts"], r, strict=True)) for r in parts.rows]
+    assert (part["step"], part["end_ns"]) == (0, row["end_ns"])
+    assert (part["slot_mappings_ns"], part["attn_metadata_ns"], part["preprocess_ns"]) == (60, 310, 80)
+    assert part["forward_cpu_ns"] == 100000 and part["forward_wall_ns"] > 0
+    runner._model_forward()  # outside a step: not counted
+    assert len(parts.rows) == 1
+
+
+def test_worker_parts_need_every_method(monkeypatch: pytest.MonkeyPatch) -> None:
+    global CLOCK
+    CLOCK = FakeClock(0)
+    monkeypatch.setattr(hooks, "_clock", CLOCK)
+    clock = hooks.WorkerClock()
+    roles: list[str] = []
+    clock.writer_factory = lambda role, backend: roles.append(role) or ListWriter()  # type: ignore[assignment,func-returns-value]
+    runner_cls = type("Runner", (FakeRunner,), {"_preprocess": None})  # an older runner: one part missing
+
+    def execute_model(self: Any, out: FakeOutput) -> None:
+        self._update_states(out)
+        self._prepare_inputs(out, None)
+
+    runner_cls.execute_model = execute_model
+    hooks.wrap_runner_class(runner_cls, clock)
+    runner_cls().execute_model(FakeOutput({"a": 1}, 1))
+    assert roles == ["worker"]  # no worker_parts rows rather than a part read as zero
 
 
 def test_nothing_is_wrapped_when_unset(monkeypatch: pytest.MonkeyPatch) -> None:
