@@ -918,6 +918,9 @@ struct Fuzzer {
 
   // Keyed side groups: chain keys, insert a request's blocks under them (`insert`), else look up and attach
   // what was found (or hostile ids) to a fresh request.
+  // Where the keys and tokens passed to keyed_insert begin: block `start` (a hostile start reads nothing).
+  static int64_t from_of(int64_t start) { return start >= 0 && start < 12 ? start : 0; }
+
   void keyed_ops(const State& before, bool insert) {
     const int32_t group = rng.chance(0.1) ? rng.hostile32() : static_cast<int32_t>(rng.range(0, 2));
     const int64_t bs = std::max<int64_t>(m.block_size, 1);
@@ -937,11 +940,20 @@ struct Fuzzer {
       const uint64_t side = pick_request();
       const int64_t first = rng.chance(0.1) ? rng.hostile() : rng.range(0, 3);
       const int64_t start = rng.chance(0.1) ? rng.hostile() : rng.range(0, 12);
-      const int64_t end = rng.chance(0.1) ? rng.hostile() : rng.range(0, 14);
+      int64_t end = rng.chance(0.1) ? rng.hostile() : rng.range(0, 14);
+      // A caller's arrays hold end - start entries, and the engine reads those of the side request's blocks,
+      // [max(start, first), min(end, first + its blocks)) - start: a hostile end stays only where those reads
+      // fit the arrays here (past them the call is the caller's overrun, not the engine's).
+      const auto live = m.requests.find(side);
+      if (live != m.requests.end() && start >= 0 && first >= 0 && end > start) {
+        const auto held = static_cast<int64_t>(live->second.size());
+        const int64_t last = end - first > held ? first + held : end;  // as the engine bounds it
+        if (last > std::max(start, first) && last - start > entries - from_of(start)) end = rng.range(0, 14);
+      }
       std::vector<uint8_t> mask(static_cast<size_t>(entries));
       for (uint8_t& bit : mask) bit = rng.chance(0.6) ? 1 : 0;
       // keys and tokens from block `start` on (a hostile start reads nothing: every position is refused)
-      const int64_t from = start >= 0 && start < 12 ? start : 0;
+      const int64_t from = from_of(start);
       int64_t cached = -1;
       const tagma_status st = mutate("tagma_prefix_keyed_insert", before, [&] {
         return tagma_prefix_keyed_insert(pick_handle(), group, side, first, start, end, keys.data() + 2 * from,
