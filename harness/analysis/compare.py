@@ -59,6 +59,11 @@ PART_COMPONENTS = {
 }
 
 
+# A busy step, whole, where the worker wrote its parts: the scheduler's components, the worker's input
+# preparation, its parts and the rest of execute_model (logits, postprocessing; sampling runs after it).
+STEP_PARTS = (*PART_COMPONENTS, "execute_other")
+
+
 def host_dir(run: Mapping) -> Path:
     """Where a run's host-time files are: its own directory, or (a regime-map segment, one cell's share of a
     server lifetime) the lifetime's directory its status names."""
@@ -70,8 +75,8 @@ def host_steps(run: Mapping) -> dict[str, np.ndarray] | None:
     """The run's busy scheduler steps inside its replay window (from ``replay_start_ns``, up to
     ``replay_end_ns`` where the run shares its server), in us per component, plus ``forward`` (the worker's
     execute_model wall time less its input preparation, where the worker's steps line up), the worker's
-    parts (:data:`PART_COMPONENTS`) where it wrote them, ``num_reqs`` and ``end_ns``; None without host
-    time."""
+    parts (:data:`PART_COMPONENTS`) and ``execute_other`` (``forward`` less the parts) where it wrote them,
+    ``num_reqs`` and ``end_ns``; None without host time."""
     try:
         host = load_run(host_dir(run))
     except (FileNotFoundError, ValueError):
@@ -86,6 +91,9 @@ def host_steps(run: Mapping) -> dict[str, np.ndarray] | None:
         out[name] = s[f"{name}_ns_net"][keep] / 1000.0
     if "execute_wall_ns" in s and "worker_prepare" in out:
         out["forward"] = np.maximum(s["execute_wall_ns"][keep] / 1000.0 - out["worker_prepare"], 0.0)
+        if all(name in out for name in PART_COMPONENTS):  # what execute_model does beside its timed parts
+            timed = sum(out[name] for name in PART_COMPONENTS)
+            out["execute_other"] = np.maximum(out["forward"] - timed, 0.0)
     out["num_reqs"] = s["num_reqs"][keep].astype(float)
     out["end_ns"] = s["end_ns"][keep]
     return out
@@ -114,7 +122,7 @@ def host_time_comparisons(
     if not all(steps.values()):
         return rows
     base, cand = ARM_NAMES
-    for name in (*HOST_COMPONENTS, *group_components(steps), *PART_COMPONENTS):
+    for name in (*HOST_COMPONENTS, *group_components(steps), *STEP_PARTS):
         a = [s[name] for _, s in steps[base] if name in s]
         b = [s[name] for _, s in steps[cand] if name in s]
         if not a or not b:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.analysis.compare import HOST_COMPONENTS, STEP_PARTS
 from harness.analysis.runs import load_runs
 from harness.analysis.statistics import DIRECTION_VERDICTS
 from harness.config import SavedConfig
@@ -22,10 +23,12 @@ from harness.files import read_json, write_json
 from harness.regime.collect import REPO
 from harness.regime.gpu_text import fmt
 
-__all__ = ["PAIRED_SCHEMA", "paired_answer", "paired_problems", "paired_section", "record"]
+__all__ = ["PAIRED_SCHEMA", "paired_answer", "paired_problems", "paired_section", "record", "step_table"]
 
 PAIRED_SCHEMA = "tagma-paired-run/1"
 HOST_ROWS = ("kv_manager_us_per_request", "worker_prepare_us_per_request")
+# A busy step whole, per step (mean): the scheduler's parts, the worker's preparation, execute_model's parts.
+STEP_ROWS = tuple(f"{name}_us_per_step_mean" for name in (*HOST_COMPONENTS, *STEP_PARTS))
 
 
 def paired_problems(rec: Mapping[str, Any]) -> list[str]:
@@ -41,6 +44,16 @@ def paired_problems(rec: Mapping[str, Any]) -> list[str]:
 def _row(r: Mapping[str, Any]) -> dict[str, Any]:
     keep = ("metric", "ratio", "ci_low", "ci_high", "p_adjusted", "verdict", "samples")
     return {k: r.get(k) for k in keep}
+
+
+def _step_rows(host_rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The whole step's rows (each arm's mean per busy step in us, and their ratio), or none where a part is
+    missing (a run before the worker's parts were timed)."""
+    by_metric = {r.get("metric"): r for r in host_rows}
+    if not all(m in by_metric for m in STEP_ROWS):
+        return []
+    means = ("baseline", "candidate")
+    return [{**_row(by_metric[m]), **{k: by_metric[m][k] for k in means}} for m in STEP_ROWS]
 
 
 def record(run_dir: Path) -> dict[str, Any]:
@@ -69,6 +82,7 @@ def record(run_dir: Path) -> dict[str, Any]:
         "environment": {k: env.get(k) for k in ("cpu", "cpu_isa", "cpu_count", "git", "packages")},
         "primary": [_row(r) for r in summary["ab"] if r.get("primary")],
         "host": [_row(r) for r in summary.get("host_time") or () if r.get("metric") in HOST_ROWS],
+        "step": _step_rows(summary.get("host_time") or ()),
         "slots": slot_lines(load_runs(run_dir), config.backends),
     }
     if problems := paired_problems(rec):
@@ -147,7 +161,35 @@ def paired_section(sources: Mapping[str, Any]) -> list[str]:
         )
     lines += ["", "The order within each run's pairs (each arm's TTFT when it went first and second):", ""]
     lines += [f"- {rec['run_id']}: {'; '.join(rec['slots']) or 'no order recorded'}" for rec in runs]
+    for rec in runs:
+        lines += step_table(rec)
     return [*lines, "", *sources.get("paired_notes", []), ""]
+
+
+def step_table(rec: Mapping[str, Any]) -> list[str]:
+    """Where a busy step's time goes in one paired run, per arm, and the whole step's ratio beside the
+    measured per-token one (empty for a run without the worker's parts)."""
+    rows = rec.get("step") or []
+    if not rows:
+        return []
+    base, cand = rec["backends"]
+    lines = [
+        "",
+        f"Where a busy step goes in {rec['run_id']} (us, mean per busy step; interval over request pairs' "
+        "rounds and steps):",
+        "",
+        f"| part | {base} | {cand} | {cand} / {base} |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        name = r["metric"].removesuffix("_us_per_step_mean")
+        ci = f" [{fmt(r['ci_low'])}, {fmt(r['ci_high'])}]" if r.get("ci_low") is not None else ""
+        lines.append(f"| {name} | {fmt(r['baseline'])} | {fmt(r['candidate'])} | {fmt(r['ratio'])}{ci} |")
+    b, c = sum(r["baseline"] for r in rows), sum(r["candidate"] for r in rows)
+    tpot = {r["metric"]: r for r in rec["primary"]}.get("mean_tpot_ms")
+    measured = f"; mean TPOT measured {_metric(tpot)}" if tpot else ""
+    lines += ["", f"Whole step: {fmt(b)} vs {fmt(c)} us, {fmt(c / b)}{measured}."]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -248,6 +248,7 @@ def test_a_paired_runs_record_and_its_findings_rows(tmp_path: Path) -> None:
     answer = "\n".join(paired_text.paired_answer(sources))
     assert "Paired run paired-run" in answer and "supported differences: mean_ttft_ms 0.898" in answer, answer
     assert "their A/As made 0 false verdicts in 0 metric tests" in answer
+    assert rec["step"] == [] and "Where a busy step goes" not in section  # no worker parts in this run
     abba_root = tmp_path / "abba-run"
     _meta(abba_root)
     _fake_run(abba_root, 0, "paged", scale=1.0)
@@ -255,3 +256,20 @@ def test_a_paired_runs_record_and_its_findings_rows(tmp_path: Path) -> None:
     report.write_report(abba_root, n_boot=200)
     with pytest.raises(ValueError, match="design 'abba'"):
         paired_text.record(abba_root)
+
+
+def test_a_paired_runs_step_table_sums_the_whole_step() -> None:
+    """The whole step's rows are kept only when every part is there; the table sums them per arm."""
+    from harness.regime import paired_text
+
+    host = [{"metric": m, "baseline": 100.0, "candidate": 80.0, "ratio": 0.8, "ci_low": 0.7, "ci_high": 0.9,
+             "verdict": "descriptive"} for m in paired_text.STEP_ROWS]  # fmt: skip
+    assert paired_text._step_rows(host[1:]) == []  # a part missing: no table rather than a partial sum
+    rec = {"run_id": "r", "backends": ["paged", "tagma"], "step": paired_text._step_rows(host),
+           "primary": [{"metric": "mean_tpot_ms", "ratio": 0.81, "ci_low": 0.75, "ci_high": 0.86,
+                        "verdict": "faster"}]}  # fmt: skip
+    table = "\n".join(paired_text.step_table(rec))
+    n = len(paired_text.STEP_ROWS)
+    assert "| model_forward | 100 | 80 | 0.8 [0.7, 0.9] |" in table
+    whole = f"Whole step: {100 * n} vs {80 * n} us, 0.8; mean TPOT measured 0.81 [0.75, 0.86] **faster**."
+    assert whole in table
