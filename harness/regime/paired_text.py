@@ -178,18 +178,24 @@ def step_table(rec: Mapping[str, Any]) -> list[str]:
         f"Where a busy step goes in {rec['run_id']} (us, mean per busy step; interval over request pairs' "
         "rounds and steps):",
         "",
-        f"| part | {base} | {cand} | {cand} / {base} |",
-        "|---|---|---|---|",
+        f"| run | part | {base} | {cand} | {cand} / {base} |",
+        "|---|---|---|---|---|",
     ]
     for r in rows:
         name = r["metric"].removesuffix("_us_per_step_mean")
         ci = f" [{fmt(r['ci_low'])}, {fmt(r['ci_high'])}]" if r.get("ci_low") is not None else ""
-        lines.append(f"| {name} | {fmt(r['baseline'])} | {fmt(r['candidate'])} | {fmt(r['ratio'])}{ci} |")
+        lines.append(f"| {rec['run_id']} | {name} | {_us(r['baseline'])} | {_us(r['candidate'])} "
+                     f"| {fmt(r['ratio'])}{ci} |")  # fmt: skip
     b, c = sum(r["baseline"] for r in rows), sum(r["candidate"] for r in rows)
     tpot = {r["metric"]: r for r in rec["primary"]}.get("mean_tpot_ms")
     measured = f"; mean TPOT measured {_metric(tpot)}" if tpot else ""
-    lines += ["", f"Whole step: {fmt(b)} vs {fmt(c)} us, {fmt(c / b)}{measured}."]
+    lines += ["", f"Whole step: {_us(b)} vs {_us(c)} us, {fmt(c / b)}{measured}."]
     return lines
+
+
+def _us(x: float) -> str:
+    """Microseconds as read in a step table: whole ones with separators from 100 up, one decimal below."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:

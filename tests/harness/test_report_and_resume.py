@@ -270,6 +270,6 @@ def test_a_paired_runs_step_table_sums_the_whole_step() -> None:
                         "verdict": "faster"}]}  # fmt: skip
     table = "\n".join(paired_text.step_table(rec))
     n = len(paired_text.STEP_ROWS)
-    assert "| model_forward | 100 | 80 | 0.8 [0.7, 0.9] |" in table
-    whole = f"Whole step: {100 * n} vs {80 * n} us, 0.8; mean TPOT measured 0.81 [0.75, 0.86] **faster**."
+    assert "| r | model_forward | 100 | 80.0 | 0.8 [0.7, 0.9] |" in table  # each row names its run
+    whole = f"Whole step: {100 * n:,} vs {80 * n:,} us, 0.8; mean TPOT measured 0.81 [0.75, 0.86] **faster**."
     assert whole in table
