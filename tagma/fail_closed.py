@@ -80,16 +80,25 @@ def _sliding_window(c: Any) -> str | None:
 
 
 def _chunked_local(c: Any) -> str | None:
+    # Chunked local attention groups (Llama 4's RoPE layers): the range-native group manager with prefix
+    # caching off, a window whose start jumps chunk by chunk (tagma.core.group_range_manager). Caching on: the
+    # group prefix manager caches windows' blocks only, so it is refused.
     chunk = getattr(c.model_config, "attention_chunk_size", None)
-    return f"chunked local attention (attention_chunk_size={chunk})" if chunk is not None else None
+    if chunk is None:
+        return None
+    kind = f"chunked local attention (attention_chunk_size={chunk})"
+    if c.cache_config.enable_prefix_caching:
+        return f"{kind} with prefix caching on (tagma serves it with --no-enable-prefix-caching)"
+    return _block_object_manager(kind)
 
 
 def _layer_types(c: Any) -> str | None:
     if c.model_config.is_attention_free or c.model_config.is_hybrid:
         return None  # named more precisely by _attention_free / _hybrid
     layer_types = getattr(c.model_config.hf_text_config, "layer_types", None) or ()
-    # "sliding_attention" is named by _sliding_window.
-    other = sorted({str(t) for t in layer_types} - _FULL_ATTENTION_LAYER_TYPES - {"sliding_attention"})
+    # "sliding_attention" is named by _sliding_window, "chunked_attention" (Llama 4) by _chunked_local.
+    named = {"sliding_attention", "chunked_attention"}
+    other = sorted({str(t) for t in layer_types} - _FULL_ATTENTION_LAYER_TYPES - named)
     if other:
         kinds = ", ".join(other)
         return f"layer types other than full attention (layer_types has {kinds}: >1 KV cache group)"

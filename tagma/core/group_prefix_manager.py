@@ -39,7 +39,13 @@ import numpy as np
 from vllm.v1.core.kv_cache_coordinator import replay_boundaries
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, SlidingWindowManager
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, MambaSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 from vllm.v1.request import Request
 
 from tagma.contract import DEFAULT_PREFIX_EVICTION, ENV_PREFIX_EVICTION
@@ -166,6 +172,11 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
                 "state layers with prefix caching on (state checkpoints, mamba_cache_mode='align'; tagma "
                 "serves them with --no-enable-prefix-caching)"
             )
+        if any(isinstance(g.kv_cache_spec, ChunkedLocalAttentionSpec) for g in groups):
+            return (
+                "chunked local attention with prefix caching on (tagma serves it with "
+                "--no-enable-prefix-caching)"
+            )
         feature = TagmaKVCacheManager.unsupported.__func__(cls, kv_cache_config, args)  # type: ignore[attr-defined]
         if feature is not None:
             return feature
@@ -254,10 +265,10 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
 
     def _skipped_blocks(self, g: int, hit: int) -> int:
         """Blocks of a hit of ``hit`` blocks that group g's window does not need (vLLM's null padding)."""
-        window = self._info[g][0]
-        if window is None:
+        rule = self._info[g][0]  # (window, 0): this manager serves no chunked group
+        if rule is None:
             return 0
-        skipped = (hit * self._bs - window + 1) // self._bs
+        skipped = (hit * self._bs - rule[0] + 1) // self._bs
         return skipped if skipped > 0 else 0
 
     def _reconcile(self, full_hit: int, sides: list[np.ndarray]) -> tuple[int, int]:

@@ -1,4 +1,5 @@
-"""Range-native KV cache groups with prefix caching off: full-attention, sliding-window and state groups.
+"""Range-native KV cache groups with prefix caching off: full-attention, sliding-window, chunked local
+attention and state groups.
 
 The manager for models whose layers give vLLM several KV cache groups (gpt-oss: window 128 + full; Gemma 3:
 5 sliding : 1 full) or one sliding-window group (Mistral-style), prefix caching off. Each (request, group)
@@ -15,14 +16,19 @@ single-type managers for it and never touches their per-request state. So the bl
 allocated per step, the admission decisions and the free count match vLLM's block for block; only which
 physical blocks differs.
 
+A chunked local attention group (Llama 4's RoPE layers: each token attends only within its chunk of
+``attention_chunk_size`` tokens) is a window group whose start jumps: vLLM's ``ChunkedLocalAttentionManager``
+skips every token before the current chunk (computed // chunk * chunk), so at each chunk boundary the request
+releases the previous chunk's blocks with the same one engine call.
+
 A state group (Mamba / Gated DeltaNet layers, ``MambaSpec`` in vLLM's cache mode "none", e.g. Qwen3-Next's
 linear-attention layers) is the same arithmetic: vLLM's ``MambaManager`` keeps only the last computed token's
 state (``get_num_skipped_tokens`` = computed - 1, the window formula with a window of 2), its block is
 ``mamba_block_size`` tokens (max_model_len by default, so one state block per request for its whole life) and
 it allocates ``num_speculative_blocks`` blocks more. Cache mode "align" (prefix caching of states) is refused.
 
-Block ids for the worker: a window group's row keeps the null block (id 0) where logical blocks were dropped,
-as vLLM's does, followed by the live ranges.
+Block ids for the worker: a window or chunked group's row keeps the null block (id 0) where logical blocks
+were dropped, as vLLM's does, followed by the live ranges.
 """
 
 from __future__ import annotations
@@ -31,8 +37,19 @@ from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
-from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager, SlidingWindowManager
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, MambaSpec, SlidingWindowSpec
+from vllm.v1.core.single_type_kv_cache_manager import (
+    ChunkedLocalAttentionManager,
+    FullAttentionManager,
+    MambaManager,
+    SlidingWindowManager,
+)
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 from vllm.v1.request import Request
 
 from tagma.core.block_pool import RangeRelease
@@ -107,12 +124,23 @@ class GroupBlocks(KVCacheBlocks):
         return f"GroupBlocks({self._groups!r})"
 
 
-def _window(single: Any) -> int | None:
-    """The window in SlidingWindowManager's skipped-token formula (computed - window + 1): a window group's
-    own, 2 for a state group (MambaManager skips computed - 1), None for full attention."""
+def _skip_rule(single: Any) -> tuple[int, int] | None:
+    """How many leading tokens a group skips after ``computed`` tokens, as (window, chunk): (window, 0) for
+    SlidingWindowManager's computed - window + 1 (a window group's own window; 2 for a state group, whose
+    MambaManager skips computed - 1), (0, chunk) for ChunkedLocalAttentionManager's computed // chunk * chunk,
+    None for full attention (nothing skipped)."""
     if isinstance(single, MambaManager):
-        return 2
-    return getattr(single, "sliding_window", None)
+        return (2, 0)
+    if isinstance(single, ChunkedLocalAttentionManager):
+        return (0, single.attention_chunk_size)
+    window = getattr(single, "sliding_window", None)
+    return None if window is None else (window, 0)
+
+
+def _skipped(rule: tuple[int, int], computed: int) -> int:
+    """The tokens a group of ``rule`` (see _skip_rule) skips after ``computed`` tokens (may be negative)."""
+    window, chunk = rule
+    return computed // chunk * chunk if chunk else computed - window + 1
 
 
 def _extra_tokens(single: Any) -> int:
@@ -134,13 +162,14 @@ class _Held:
 
 
 class GroupRangeKVCacheManager(TagmaKVCacheManager):
-    """``KVCacheManager``, prefix caching off, over full-attention, sliding-window and state KV cache groups.
+    """``KVCacheManager``, prefix caching off, over full-attention, sliding-window, chunked local attention
+    and state KV cache groups.
 
     Built through :func:`tagma.core.registry.build_kv_cache_manager` (vLLM's arguments).
     """
 
-    SERVED_SPECS = (FullAttentionSpec, SlidingWindowSpec, MambaSpec)
-    SERVED_MANAGERS = (FullAttentionManager, SlidingWindowManager, MambaManager)
+    SERVED_SPECS = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec)
+    SERVED_MANAGERS = (FullAttentionManager, SlidingWindowManager, ChunkedLocalAttentionManager, MambaManager)
     MAX_GROUPS = None
     # The in-server host time's per-group timer (tagma.probes.host_time_hooks.GroupClock: start() / stop(g,
     # t0) around each group's loop body); None, the default, times nothing.
@@ -151,8 +180,8 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
         feature = super().unsupported(kv_cache_config, args)  # a group kind it never serves, by name
         if feature is None and args.get("enable_caching", True):
             feature = (
-                "prefix caching with sliding-window attention, state layers or several KV cache groups "
-                "(tagma serves them with --no-enable-prefix-caching)"
+                "prefix caching with sliding-window or chunked local attention, state layers or several KV "
+                "cache groups (tagma serves them with --no-enable-prefix-caching)"
             )
         if feature is not None:
             return feature
@@ -168,12 +197,13 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
         for single in self._managers:
             single.req_to_blocks = RefusedPerRequestMap("req_to_blocks", "block lists")
         self._block_sizes = tuple(m.block_size for m in self._managers)
-        # Per group: (window or None, block size, vLLM's recycling-aware admission cap or None, extra tokens).
-        # The skipped tokens of a window group are vLLM's SlidingWindowManager.get_num_skipped_tokens with no
-        # extra retained tokens (refused): computed - window + 1 when positive; a state group's are
-        # MambaManager's, computed - 1 (a window of 2). Extra tokens: a state group's speculative blocks.
+        # Per group: (skip rule or None, block size, vLLM's recycling-aware admission cap or None, extra
+        # tokens). The skipped tokens of a window group are vLLM's SlidingWindowManager.get_num_skipped_tokens
+        # with no extra retained tokens (refused): computed - window + 1 when positive; a chunked group's are
+        # ChunkedLocalAttentionManager's, computed // chunk * chunk; a state group's are MambaManager's,
+        # computed - 1 (a window of 2). Extra tokens: a state group's speculative blocks.
         self._info = tuple(
-            (_window(m), m.block_size, m.max_admission_blocks_per_request, _extra_tokens(m))
+            (_skip_rule(m), m.block_size, m.max_admission_blocks_per_request, _extra_tokens(m))
             for m in self._managers
         )
         self._windows = tuple(g for g, info in enumerate(self._info) if info[0] is not None)
@@ -196,7 +226,7 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
         new request's prefix-cache hit in blocks, which every group holds or skips)."""
         total = 0
         gt = self.group_time
-        for g, (window, bs, limit, extra) in enumerate(self._info):
+        for g, (rule, bs, limit, extra) in enumerate(self._info):
             t0 = gt.start() if gt is not None else 0
             required = -(-(num_tokens + extra) // bs)
             if cap and limit is not None and limit < required:
@@ -206,8 +236,8 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
                 base = held.dropped + held.held
             else:
                 base = hit
-            if window is not None:
-                skipped = (computed - window + 1) // bs
+            if rule is not None:
+                skipped = _skipped(rule, computed) // bs
                 if skipped > base:
                     base = skipped
             if required > base:
@@ -217,15 +247,15 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
         return total
 
     def _free_skipped(self, state: list[_Held], processed: int) -> bool:
-        """Release each window group's blocks wholly before the next token's window (vLLM's
+        """Release each window (or chunked) group's blocks wholly before the next token's window (vLLM's
         ``remove_skipped_blocks``): one engine call per group whose window start crossed a block. Returns
         whether any block was released."""
         freed = False
         gt = self.group_time
-        for g, window, bs in self._window_info:
+        for g, rule, bs in self._window_info:
             t0 = gt.start() if gt is not None else 0
             held = state[g]
-            skipped = (processed - window + 1) // bs
+            skipped = _skipped(rule, processed) // bs
             if skipped > held.dropped:
                 logical = held.dropped + held.held
                 k = (skipped if skipped < logical else logical) - held.dropped

@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheSpec,
@@ -76,6 +77,12 @@ spec_manager_map: dict[type[KVCacheSpec], dict[str, type[TagmaKVCacheManager]]] 
     # Also every configuration with several KV cache groups (MULTI_GROUP_SPEC). The group managers serve
     # full-attention, sliding-window and (caching off) state groups and refuse the rest in one line.
     SlidingWindowSpec: {
+        RANGES: GroupRangeKVCacheManager,
+        PREFIX_INDEX: GroupPrefixKVCacheManager,
+        BLOCK_OBJECTS: TagmaKVCacheManager,
+    },
+    # A chunked local attention group alone: the group managers (the prefix one refuses it in one line).
+    ChunkedLocalAttentionSpec: {
         RANGES: GroupRangeKVCacheManager,
         PREFIX_INDEX: GroupPrefixKVCacheManager,
         BLOCK_OBJECTS: TagmaKVCacheManager,

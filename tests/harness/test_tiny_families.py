@@ -36,6 +36,8 @@ def test_each_family_keeps_its_kv_cache_layout(families: dict[str, Path]) -> Non
     assert mistral["sliding_window"] == 1024 and "layer_types" not in mistral  # every layer slides
     qwen = _config(families["qwen3-next"])
     assert qwen["layer_types"] == ["linear_attention", "full_attention"]
+    llama4 = _config(families["llama4"])
+    assert llama4["attention_chunk_size"] == 256 and llama4["no_rope_layers"] == [1, 0]
     deepseek = _config(families["deepseek-v2"])
     assert deepseek["kv_lora_rank"] + deepseek["qk_rope_head_dim"] == 576  # the CPU MLA backend's head size
     for name, path in families.items():
@@ -48,8 +50,8 @@ def test_a_build_is_reused_and_an_unknown_family_is_refused(families: dict[str, 
     before = (path / "model.safetensors").stat().st_mtime_ns
     assert build_family(path, "mistral", tok_dir) == path
     assert (path / "model.safetensors").stat().st_mtime_ns == before
-    with pytest.raises(ValueError, match="unknown model family 'llama4'"):
-        build_family(path, "llama4", tok_dir)
+    with pytest.raises(ValueError, match="unknown model family 'falcon-mamba'"):
+        build_family(path, "falcon-mamba", tok_dir)
 
 
 # tagma's verdict per family and prefix caching (off, on), from vLLM's engine config of the checkpoint alone.
@@ -62,6 +64,10 @@ VERDICTS = {
         "serves them with --no-enable-prefix-caching)"
     ]),
     "deepseek-v2": ([], []),  # dense MLA: served
+    "llama4": ([], [  # chunked local attention: served with caching off
+        "chunked local attention (attention_chunk_size=256) with prefix caching on (tagma serves it with "
+        "--no-enable-prefix-caching)"
+    ]),
 }
 
 
@@ -116,9 +122,9 @@ def test_each_family_is_a_model_option_served_in_the_dtype_it_needs(name: str) -
 
     spec = server_spec(bench, bench.arms[1], Path("/tmp/run"))
     assert spec.dtype == FAMILIES[name].dtype
-    # tagma serves the state-layer family with prefix caching off (both arms run so); windows, beside full
-    # attention (gpt-oss, Gemma 3) or alone (Mistral), run with vLLM's default, caching on
-    caching_off = name == "qwen3-next"
+    # tagma serves the state-layer and chunked families with prefix caching off (both arms run so); windows,
+    # beside full attention (gpt-oss, Gemma 3) or alone (Mistral), run with vLLM's default, caching on
+    caching_off = name in ("qwen3-next", "llama4")
     assert ("--no-enable-prefix-caching" in spec.extra_args) == caching_off
     assert server_spec(bench, bench.arms[0], Path("/tmp/run")).extra_args == spec.extra_args
 

@@ -1,6 +1,7 @@
 """Real vLLM servers on the bfloat16 tiny families beside the window ones: the DeepSeek-V2 shape (MLA: one
-latent KV per token, rank 512 + rope 64) and the Qwen3-Next shape (Gated DeltaNet state layers beside full
-attention), random weights: tagma generates exactly what paged generates.
+latent KV per token, rank 512 + rope 64), the Qwen3-Next shape (Gated DeltaNet state layers beside full
+attention) and the Llama 4 shape (chunked local attention beside full attention), random weights: tagma
+generates exactly what paged generates.
 
 MLA is one KV cache group that the manager treats as full attention; what differs is the worker's cache op
 (``do_kv_cache_update`` of the MLA backend), which writes each token's latent through the slot mapping tagma
@@ -13,7 +14,9 @@ block from the state group's row. Cases:
 - ``mla-reference``: the reference CPU MLA backend (``--attention-backend CPU_MLA``), whose kernel needs
   block 16, with prefix caching off (that backend has none): tagma's range manager;
 - ``gdn``: Qwen3-Next, prefix caching off (state checkpoints are refused), prefill in 512-token chunks, so
-  the state carries across chunks.
+  the state carries across chunks;
+- ``chunked-local``: Llama 4, prefix caching off, chunk 256: a request releases its chunked group's blocks
+  at each chunk boundary (one engine call), prefill in 512-token chunks crossing them.
 One request at a time: in bfloat16 (the only dtype these take here) greedy tokens depend on which requests
 share a step. Here a wave of 10 requests, 4 or 6 at a time, differed paged vs paged on 5 to 6 of the 10 (both
 families), so a concurrent equality would test vLLM's batch invariance, not tagma. Preemption is covered on
@@ -62,6 +65,9 @@ CASES = {
                           caching=False),
     "gdn": Case("qwen3-next", ("--max-num-batched-tokens", "512", "--no-enable-prefix-caching"),
                 caching=False),
+    # chunked local attention (chunk 256) beside full attention; prefill chunks of 512 cross its chunks
+    "chunked-local": Case("llama4", ("--max-num-batched-tokens", "512", "--no-enable-prefix-caching"),
+                          caching=False),
 }  # fmt: skip
 
 

@@ -151,9 +151,20 @@ def test_sliding_window_disabled_by_the_user_is_full_attention(models: Path) -> 
     assert config.scheduler_config.scheduler_cls == "tagma.core.scheduler.TagmaScheduler"
 
 
-def test_chunked_local_attention(models: Path) -> None:
+CHUNKED = "chunked local attention (attention_chunk_size=256)"
+CHUNKED_WITH_CACHING = f"{CHUNKED} with prefix caching on (tagma serves it with --no-enable-prefix-caching)"
+
+
+def test_chunked_local_attention(models: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Served with prefix caching off (the group range manager); refused with it on or without ranges."""
     model = craft_model(models, "chunked-local", attention_chunk_size=256)
-    assert refusal(model) == expect("chunked local attention (attention_chunk_size=256)")
+    assert refusal(model) == expect(CHUNKED_WITH_CACHING)
+    config = engine_config(model, additional_config=dict(TAGMA), enable_prefix_caching=False)
+    assert config.scheduler_config.scheduler_cls == "tagma.core.scheduler.TagmaScheduler"
+    monkeypatch.setenv(ENV_RANGE_MANAGER, "0")
+    assert refusal(model, enable_prefix_caching=False) == expect(
+        f"{CHUNKED} with {ENV_RANGE_MANAGER}=0 (the block-object manager serves one group)"
+    )
 
 
 def test_layer_types_other_than_full_attention(models: Path) -> None:
@@ -399,7 +410,7 @@ def test_server_exits_with_the_one_line_error_before_loading_the_model(models: P
     elapsed = time.monotonic() - started
     stderr_lines = [line for line in result.stderr.splitlines() if line.strip() and "nanobind" not in line]
     assert result.returncode != 0
-    assert stderr_lines[-1] == expect("chunked local attention (attention_chunk_size=256)")
+    assert stderr_lines[-1] == expect(CHUNKED_WITH_CACHING)
     assert "Traceback" not in result.stderr
     assert "EngineCore" not in result.stderr + result.stdout  # no engine core process was started
     assert elapsed < 120, f"refusal took {elapsed:.0f} s"

@@ -1,4 +1,4 @@
-"""GroupRangeKVCacheManager (full-attention, sliding-window and state KV cache groups, prefix caching off)
+"""GroupRangeKVCacheManager (full-attention, sliding-window, chunked local and state groups, caching off)
 against vLLM's own KVCacheManager in lockstep: the same admissions, the same blocks held, freed and allocated
 per group and step, null blocks where a window dropped blocks, the same free count; and no block leaked."""
 
@@ -12,7 +12,14 @@ import pytest
 import torch
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.kv_cache_manager import KVCacheManager
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MambaSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 from vllm.v1.request import Request, RequestStatus
 
 from tagma.core.group_range_manager import GroupRangeKVCacheManager, GroupRangeRelease
@@ -28,6 +35,12 @@ def full() -> FullAttentionSpec:
 def window(tokens: int) -> SlidingWindowSpec:
     return SlidingWindowSpec(
         block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=tokens
+    )
+
+
+def chunked(tokens: int) -> ChunkedLocalAttentionSpec:
+    return ChunkedLocalAttentionSpec(
+        block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32, attention_chunk_size=tokens
     )
 
 
@@ -47,10 +60,13 @@ LAYOUTS: dict[str, list[KVCacheSpec]] = {
     # a mamba_block_size a user set (the state's earlier blocks are freed as it advances) and the
     # speculative blocks an MTP drafter adds
     "state-small-blocks": [state(block_size=3 * BLOCK, speculative_blocks=2), full()],
+    "llama4": [chunked(3 * BLOCK), full()],  # chunked local attention (RoPE layers) beside global NoPE layers
+    "chunked-only": [chunked(10)],  # a chunk that is no whole number of blocks
 }
 # Pool blocks per layout: the largest request (72 tokens, 18 blocks per group before its window drops any)
 # fits alone, five running together do not.
-POOL_BLOCKS = {"gpt-oss": 44, "mistral": 20, "gemma3": 112, "qwen3-next": 30, "state-small-blocks": 40}
+POOL_BLOCKS = {"gpt-oss": 44, "mistral": 20, "gemma3": 112, "qwen3-next": 30, "state-small-blocks": 40,
+               "llama4": 44, "chunked-only": 12}  # fmt: skip
 
 
 def make_request(rid: str, tokens: list[int]) -> Request:
@@ -354,14 +370,18 @@ def test_prefix_caching_on_with_state_layers_is_refused_in_one_line() -> None:
 
 
 def test_other_group_kinds_are_refused_by_name() -> None:
-    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec
-
-    chunked = ChunkedLocalAttentionSpec(
-        block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32, attention_chunk_size=8
-    )
-    config = make_config(16, specs=[full(), chunked])
-    with pytest.raises(TagmaUnsupported, match="chunked local attention"):
+    cross = CrossAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    config = make_config(16, specs=[full(), cross])
+    with pytest.raises(TagmaUnsupported, match="cross-attention"):
         build_kv_cache_manager(config, **manager_kwargs(enable_caching=False))
+
+
+@pytest.mark.parametrize("layout", ["llama4", "chunked-only"])
+def test_chunked_local_attention_with_caching_on_is_refused_by_name(layout: str) -> None:
+    """Caching off is served (the lockstep tests above); the prefix manager caches windows' blocks only."""
+    config = make_config(16, specs=LAYOUTS[layout])
+    with pytest.raises(TagmaUnsupported, match="chunked local attention with prefix caching on"):
+        build_kv_cache_manager(config, **manager_kwargs(enable_caching=True))
 
 
 def test_state_checkpoints_are_refused_by_name() -> None:
