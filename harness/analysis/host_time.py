@@ -29,8 +29,14 @@ from typing import Any
 import numpy as np
 
 from tagma.contract import HOST_TIME_FILE
-from tagma.probes.host_time import COLUMNS, GROUP_KINDS, HostTimeChunk, host_time_files, read_chunks
-from tagma.probes.host_time import process_file as host_time_process_file
+from tagma.probes.host_time import (
+    COLUMNS,
+    GROUP_KINDS,
+    HostTimeChunk,
+    host_time_files,
+    process_file,
+    read_chunks,
+)
 
 __all__ = [
     "BASE_NAME", "COMPONENTS", "GROUP_PREFIX", "PART_COLUMNS", "HostTimeRun", "group_columns", "group_index",
@@ -38,7 +44,7 @@ __all__ = [
 ]  # fmt: skip
 
 # The worker's parts of execute_model beside input preparation (tagma.probes.host_time, role worker_parts).
-PART_COLUMNS = ("slot_mappings_ns", "attn_metadata_ns", "preprocess_ns", "forward_cpu_ns", "forward_wall_ns")
+PART_COLUMNS = COLUMNS["worker_parts"][1:-1]  # between "step" and "end_ns"
 
 BASE_NAME = HOST_TIME_FILE  # the runner sets TAGMA_HOST_TIME_FILE=<run dir>/host_time.jsonl
 
@@ -222,7 +228,7 @@ def load_run(path: str | Path) -> HostTimeRun:
         w["block_table_ns_net"] = w["block_table_ns"] - cw * w["block_table_calls"]
         w["update_states_ns_net"] = w["update_states_ns"] - cw
         w["prepare_inputs_ns_net"] = w["prepare_inputs_ns"] - cw
-        run.files += _add_worker_parts(w, cw, host_time_process_file(base, "worker_parts", chunks[0].pid))
+        run.files += _add_worker_parts(w, cw, process_file(base, "worker_parts", chunks[0].pid))
         run.worker.append(w)
         run.files.append(str(wf))
         run.timer_overhead_ns.setdefault("worker", cw)

@@ -137,12 +137,6 @@ def _skip_rule(single: Any) -> tuple[int, int] | None:
     return None if window is None else (window, 0)
 
 
-def _skipped(rule: tuple[int, int], computed: int) -> int:
-    """The tokens a group of ``rule`` (see _skip_rule) skips after ``computed`` tokens (may be negative)."""
-    window, chunk = rule
-    return computed // chunk * chunk if chunk else computed - window + 1
-
-
 def _extra_tokens(single: Any) -> int:
     """Slots a group allocates beyond the step's tokens: a state group's speculative blocks (MambaManager)."""
     if isinstance(single, MambaManager):
@@ -207,7 +201,8 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
             for m in self._managers
         )
         self._windows = tuple(g for g, info in enumerate(self._info) if info[0] is not None)
-        self._window_info = tuple((g, self._info[g][0], self._info[g][1]) for g in self._windows)
+        # Per window, chunked or state group: (group, window, chunk, block size), the rule unpacked once.
+        self._window_info = tuple((g, *self._info[g][0], self._info[g][1]) for g in self._windows)
         self._table: list[int] = [block.block_id for block in self.block_pool.blocks]
         self._fresh: tuple[str, GroupBlocks] | None = None  # the view of a request's first allocation
         self._zeroing = tuple(bool(m.records_new_block_ids) for m in self._managers)
@@ -236,8 +231,9 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
                 base = held.dropped + held.held
             else:
                 base = hit
-            if rule is not None:
-                skipped = _skipped(rule, computed) // bs
+            if rule is not None:  # inline (a call per group per step costs): _skip_rule's formulas
+                window, chunk = rule
+                skipped = (computed // chunk * chunk if chunk else computed - window + 1) // bs
                 if skipped > base:
                     base = skipped
             if required > base:
@@ -252,10 +248,10 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
         whether any block was released."""
         freed = False
         gt = self.group_time
-        for g, rule, bs in self._window_info:
+        for g, window, chunk, bs in self._window_info:
             t0 = gt.start() if gt is not None else 0
             held = state[g]
-            skipped = _skipped(rule, processed) // bs
+            skipped = (processed // chunk * chunk if chunk else processed - window + 1) // bs
             if skipped > held.dropped:
                 logical = held.dropped + held.held
                 k = (skipped if skipped < logical else logical) - held.dropped

@@ -451,14 +451,9 @@ class WorkerClock:
             self.writer.add(row)
 
 
-# The parts of execute_model() beside input preparation (COLUMNS["worker_parts"]): method -> its index in
-# WorkerClock.parts_ns; the forward's wall time is the last entry.
-WORKER_PARTS = {
-    "_get_slot_mappings": 0,
-    "_build_attention_metadata": 1,
-    "_preprocess": 2,
-    "_model_forward": 3,
-}
+# The parts of execute_model() beside input preparation, in COLUMNS["worker_parts"] order (a method's index
+# there is its entry in WorkerClock.parts_ns; the forward's wall time is the last entry).
+WORKER_PARTS = ("_get_slot_mappings", "_build_attention_metadata", "_preprocess", "_model_forward")
 WORKER_CLOCK = WorkerClock()
 
 
@@ -501,10 +496,10 @@ def wrap_runner_class(cls: type, clock: WorkerClock = WORKER_CLOCK) -> None:
     cls.execute_model = timed_execute
     cls._update_states = _prep(update_states, "update_states_ns")
     cls._prepare_inputs = _prep(prepare_inputs, "prepare_inputs_ns")
-    parts = {name: getattr(cls, name, None) for name in WORKER_PARTS}
-    if all(callable(m) for m in parts.values()):
-        for name, original in parts.items():
-            setattr(cls, name, _part(original, WORKER_PARTS[name], name == "_model_forward", clock))
+    parts = [getattr(cls, name, None) for name in WORKER_PARTS]
+    if all(callable(m) for m in parts):
+        for index, (name, original) in enumerate(zip(WORKER_PARTS, parts, strict=True)):
+            setattr(cls, name, _part(original, index, name == "_model_forward", clock))
         clock.parts_wrapped = True
 
 

@@ -916,11 +916,11 @@ struct Fuzzer {
     }
   }
 
-  // Keyed side groups: chain keys, insert a request's blocks under them (`insert`), else look up and attach
-  // what was found (or hostile ids) to a fresh request.
   // Where the keys and tokens passed to keyed_insert begin: block `start` (a hostile start reads nothing).
   static int64_t from_of(int64_t start) { return start >= 0 && start < 12 ? start : 0; }
 
+  // Keyed side groups: chain keys, insert a request's blocks under them (`insert`), else look up and attach
+  // what was found (or hostile ids) to a fresh request.
   void keyed_ops(const State& before, bool insert) {
     const int32_t group = rng.chance(0.1) ? rng.hostile32() : static_cast<int32_t>(rng.range(0, 2));
     const int64_t bs = std::max<int64_t>(m.block_size, 1);
