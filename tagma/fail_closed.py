@@ -142,7 +142,11 @@ def _diffusion(c: Any) -> str | None:
 # as the target's, the same group, the same use_eagle hit rule). MTP (the target's own extra decoder layers,
 # vLLM's EAGLE path with the target's layers as the drafter) is the same for the KV cache where its layers'
 # KV joins the target's one group and each drafter reads one prefill token ahead; multi-module MTP (a
-# module per speculative token, each reading one token further) and the block drafters: refused.
+# module per speculative token, each reading one token further) and the block drafters: refused. Beside a
+# target's sliding-window or chunked local groups the drafter's full-attention layer is a group of vLLM's
+# grouping (the target's full group, or one of its own): with prefix caching off the group range manager
+# serves it, lookahead slots in every group as vLLM's managers take them (use_eagle changes only hit rules);
+# with caching on (vLLM's EAGLE hit rules per window group) it is refused.
 SERVED_SPECULATIVE_METHODS = ("ngram", "draft_model")
 EAGLE_METHODS = ("eagle", "eagle3", "mtp")
 
@@ -155,14 +159,24 @@ def _kv_shape(config: Any) -> tuple[Any, Any]:
     return heads, head_dim
 
 
+# Layer kinds beside which an EAGLE-family drafter is served with prefix caching off (the group range manager)
+_EAGLE_WINDOW_LAYER_TYPES = frozenset({"sliding_attention", "chunked_attention"})
+
+
 def _eagle_outside_one_group(c: Any) -> str | None:
-    """Why an EAGLE drafter would not share the target's one full-attention group, or None."""
+    """Why an EAGLE drafter would not be served beside the target's KV cache groups, or None: served beside
+    one full-attention group, and beside sliding-window or chunked local groups with prefix caching off."""
     mc = c.model_config
     layer_types = set(getattr(mc.hf_text_config, "layer_types", None) or ())
-    if mc.is_hybrid or mc.use_mla or mc.get_sliding_window() is not None or (
-        layer_types - _FULL_ATTENTION_LAYER_TYPES
-    ):
-        return "a target with more than one full-attention KV cache group or MLA"
+    if mc.is_hybrid or mc.use_mla or (layer_types - _FULL_ATTENTION_LAYER_TYPES - _EAGLE_WINDOW_LAYER_TYPES):
+        return "a target with state layers, MLA or layer types other than attention"
+    windows = (mc.get_sliding_window(), getattr(mc, "attention_chunk_size", None))
+    windowed = any(w is not None for w in windows) or layer_types & _EAGLE_WINDOW_LAYER_TYPES
+    if windowed and c.cache_config.enable_prefix_caching:
+        return (
+            "prefix caching on beside sliding-window or chunked local attention groups (tagma serves it with "
+            "--no-enable-prefix-caching)"
+        )
     draft = getattr(c.speculative_config.draft_model_config, "hf_text_config", None)
     if draft is not None and _kv_shape(draft) != _kv_shape(mc.hf_text_config):
         return "a drafter whose KV shape differs from the target's (a KV cache group of its own)"

@@ -49,11 +49,26 @@ def _wanted(out_dir: Path, **build: object) -> str | None:
     return wanted
 
 
-def _one_layer_config(target_dir: Path, architecture: str) -> Any:
-    """The target Llama's config cut to one layer: a drafter's, named ``architecture``."""
-    from transformers import LlamaConfig
+# The target's sizes a Llama drafter takes when the target is not a Llama (a window family's): its KV heads
+# and head size give the drafter's layer a KV page of the target's size, so vLLM can group it with them.
+DRAFTER_SIZES = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+    "head_dim", "max_position_embeddings", "rms_norm_eps", "bos_token_id", "eos_token_id", "pad_token_id",
+    "initializer_range",
+)  # fmt: skip
 
-    config = LlamaConfig.from_pretrained(target_dir)
+
+def _one_layer_config(target_dir: Path, architecture: str) -> Any:
+    """The target's config cut to one Llama layer (a Llama target's own config, else a Llama config of the
+    target's sizes, full attention): a drafter's, named ``architecture``."""
+    from transformers import AutoConfig, LlamaConfig
+
+    target = AutoConfig.from_pretrained(target_dir)
+    if target.model_type == "llama":
+        config = LlamaConfig.from_pretrained(target_dir)
+    else:
+        config = LlamaConfig(**{name: getattr(target, name) for name in DRAFTER_SIZES})
+        config.torch_dtype = getattr(target, "torch_dtype", None) or getattr(target, "dtype", None)
     config.num_hidden_layers = 1
     config.architectures = [architecture]
     return config

@@ -163,6 +163,9 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
     uses_block_hashes = False  # the engine core builds requests without vLLM's block hasher
     SERVED_SPECS = (FullAttentionSpec, SlidingWindowSpec)
     SERVED_MANAGERS = (FullAttentionManager, SlidingWindowManager)
+    # EAGLE beside window groups with caching on needs vLLM's hit rule per window group with the last block
+    # dropped (and its retention shift): not built, refused (the group range manager serves caching off).
+    SERVES_EAGLE = False
 
     @classmethod
     def unsupported(cls, kv_cache_config: KVCacheConfig, args: dict[str, Any]) -> str | None:

@@ -165,6 +165,10 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
     SERVED_SPECS = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec)
     SERVED_MANAGERS = (FullAttentionManager, SlidingWindowManager, ChunkedLocalAttentionManager, MambaManager)
     MAX_GROUPS = None
+    # An EAGLE-family drafter beside the groups (its full-attention layer in a group of vLLM's grouping):
+    # caching off, use_eagle changes no allocation, and the lookahead slots are taken in every group as
+    # vLLM's managers take them (need_tokens below).
+    SERVES_EAGLE = True
     # The in-server host time's per-group timer (tagma.probes.host_time_hooks.GroupClock: start() / stop(g,
     # t0) around each group's loop body); None, the default, times nothing.
     group_time: Any = None

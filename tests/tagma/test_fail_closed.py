@@ -247,6 +247,22 @@ def test_an_eagle_drafter_sharing_the_target_s_group_is_served(method: str) -> N
         )
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_an_eagle_drafter_beside_window_groups_is_served_with_caching_off(models: Path, method: str) -> None:
+    """Beside sliding-window groups the drafter's layer is a group of vLLM's grouping: the group range
+    manager serves it with prefix caching off (tests/tagma/test_speculative_serving.py); with caching on
+    (vLLM's EAGLE hit rule per window group) it is refused in one line."""
+    window = craft_model(models, "mistral-swa", **SLIDING_WINDOW_MODEL)
+    spec = {**EAGLE_SPEC, "method": method}
+    config = engine_config(window, additional_config=dict(TAGMA), speculative_config=spec,
+                           enable_prefix_caching=False)  # fmt: skip
+    assert fail_closed.unsupported_features(config) == []
+    assert refusal(window, speculative_config=spec) == expect(
+        "an EAGLE drafter with prefix caching on beside sliding-window or chunked local attention groups "
+        f"(tagma serves it with --no-enable-prefix-caching) (--speculative-config method={method})"
+    )
+
+
 # A MiMo-shaped target (Qwen2 layers, vLLM's MiMoForCausalLM) with its MTP layers (config only)
 MIMO = {"architectures": ["MiMoForCausalLM"], "model_type": "qwen2"}
 
@@ -290,9 +306,9 @@ def test_an_eagle_drafter_outside_one_group_and_other_drafters_are_refused(model
         "an EAGLE drafter with a drafter whose KV shape differs from the target's (a KV cache group of its "
         "own) (--speculative-config method=eagle)"
     )
-    window = craft_model(models, "mistral-swa", **SLIDING_WINDOW_MODEL)
-    assert refusal(window, speculative_config=EAGLE_SPEC, enable_prefix_caching=False) == expect(
-        "an EAGLE drafter with a target with more than one full-attention KV cache group or MLA "
+    hybrid = craft_model(models, "jamba", **HYBRID_MODEL)
+    assert refusal(hybrid, speculative_config=EAGLE_SPEC, enable_prefix_caching=False) == expect(
+        "an EAGLE drafter with a target with state layers, MLA or layer types other than attention "
         "(--speculative-config method=eagle)"
     )
     other = {**EAGLE_SPEC, "method": "extract_hidden_states"}

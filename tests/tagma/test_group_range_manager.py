@@ -78,8 +78,12 @@ def make_request(rid: str, tokens: list[int]) -> Request:
 class GroupTwin:
     """vLLM's manager and tagma's, caching off, driven by the same scheduler-like calls."""
 
-    def __init__(self, specs: list[KVCacheSpec], num_blocks: int, **overrides: Any) -> None:
+    def __init__(
+        self, specs: list[KVCacheSpec], num_blocks: int, eagle_group: int | None = None, **overrides: Any
+    ) -> None:
         config = make_config(num_blocks, specs=specs)
+        if eagle_group is not None:  # an EAGLE drafter's layer: its group marked as vLLM's grouping marks it
+            config.kv_cache_groups[eagle_group].is_eagle_group = True
         # vLLM's scheduling granularity: the least common multiple of the groups' block sizes
         lcm = math.lcm(*(spec.block_size for spec in specs))
         kwargs = manager_kwargs(enable_caching=False, scheduler_block_size=lcm, **overrides)
@@ -274,6 +278,31 @@ def test_speculative_steps_match_vllm(layout: str, spec_tokens: int, lookahead: 
     blocks where the window dropped them, no leak."""
     twin = GroupTwin(LAYOUTS[layout], num_blocks=POOL_BLOCKS[layout])
     preemptions = run_workload(twin, 3, 30, 5, chunk=5, spec_tokens=spec_tokens, lookahead=lookahead)
+    assert preemptions > 0, "the pool is meant to be small enough to preempt"
+    assert_no_leak(twin.tagma)
+
+
+# An EAGLE-family drafter's full-attention layer beside the target's groups, in a group of its own: vLLM's
+# grouping (kv_cache_utils._get_kv_cache_groups_uniform_page_size) splits each layer type into groups of the
+# smallest type's size, one layer here: the tiny Mistral's two window layers and the drafter's make three
+# groups, gpt-oss's window and full layer and the drafter's three too.
+EAGLE_LAYOUTS: dict[str, tuple[list[KVCacheSpec], int]] = {
+    "gpt-oss": ([window(8), full(), full()], 2),
+    "mistral": ([window(13), window(13), full()], 2),
+    "llama4": ([chunked(3 * BLOCK), full(), full()], 2),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(EAGLE_LAYOUTS))
+def test_an_eagle_drafter_beside_window_groups_matches_vllm(layout: str) -> None:
+    """An EAGLE drafter with prefix caching off (use_eagle, one prefill token read ahead): the lookahead
+    slots (num_speculative_tokens) taken in every group with each step's drafts, as vLLM's coordinator takes
+    them, under preemption; use_eagle changes only hit rules, which caching off has none of."""
+    specs, eagle_group = EAGLE_LAYOUTS[layout]
+    twin = GroupTwin(specs, num_blocks=POOL_BLOCKS[layout] + 18, eagle_group=eagle_group, use_eagle=True,
+                     num_prefill_lookahead=1)  # fmt: skip
+    assert twin.paged.use_eagle and twin.paged.coordinator.eagle_group_ids == {eagle_group}
+    preemptions = run_workload(twin, 5, 30, 5, chunk=5, spec_tokens=3, lookahead=3)
     assert preemptions > 0, "the pool is meant to be small enough to preempt"
     assert_no_leak(twin.tagma)
 

@@ -59,17 +59,21 @@ def test_constructor_accepts_vllm_arguments_and_passes_them_through() -> None:
 
 def test_an_eagle_drafter_is_served_by_the_range_managers_of_one_group() -> None:
     """EAGLE (use_eagle, one prefill token read ahead): the range managers serve it (caching off: lookahead
-    slots only; caching on: the prefix manager drops the last hit block); multi-module MTP's longer lookahead,
-    the block-object manager and several groups stay refused."""
+    slots only; caching on: the prefix manager drops the last hit block), and so does the group range manager
+    beside window groups (caching off); multi-module MTP's longer lookahead, the block-object manager and
+    several groups with caching on (the group prefix manager) stay refused."""
     eagle = {"use_eagle": True, "num_prefill_lookahead": 1}
     assert type(build_kv_cache_manager(make_config(16), **manager_kwargs(enable_caching=False, **eagle))) is (
         RangeKVCacheManager
     )
     assert PrefixKVCacheManager(make_config(16), **manager_kwargs(**eagle)).use_eagle
+    groups = make_config(16, specs=[full_spec(), SW])
+    served = build_kv_cache_manager(groups, **manager_kwargs(enable_caching=False, **eagle))
+    assert type(served).__name__ == "GroupRangeKVCacheManager" and served.use_eagle
     refused = [
         (make_config(16), {"enable_caching": False, "use_eagle": True, "num_prefill_lookahead": 2}, "MTP"),
         (make_config(16), eagle, "EAGLE"),  # caching on is the block-object manager here (the fixture)
-        (make_config(16, specs=[full_spec(), SW]), {"enable_caching": False, **eagle}, "EAGLE"),
+        (make_config(16, specs=[full_spec(), SW]), eagle, "EAGLE"),  # the group prefix manager
     ]
     for config, extra, feature in refused:
         with pytest.raises(ValueError, match=f"^tagma: unsupported: .*{feature}"):

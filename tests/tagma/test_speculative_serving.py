@@ -27,6 +27,9 @@ slots). Two configurations, each a paged and a tagma server (started together, d
 - a model with an MTP layer (harness/serve/tiny_drafters.py: a MiMo-shaped model, 2 Qwen2 layers and one
   random-weight MTP layer) drafting one token per step through vLLM's EAGLE path (method=mtp), prefix caching
   on: its MTP layer's KV joins the target's group; the same hit rule and read-ahead as EAGLE.
+- an EAGLE-3 drafter built for the tiny Mistral shape (every layer a 1,024-token window; a Llama layer of the
+  target's sizes) with prefix caching off: the drafter's full-attention layer is a KV cache group beside the
+  window group, served by tagma's group manager, which takes the lookahead slots in every group.
 Prompts repeat a phrase so that ngram finds drafts; greedy decoding; a pool small enough to preempt.
 Token ids must be identical per request; on both arms drafts must have been proposed, some of ngram's
 rejected and the self-drafting model's (nearly) all accepted; no block is held after the queue drained."""
@@ -36,7 +39,7 @@ from __future__ import annotations
 import json
 import random
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +79,7 @@ class Case:
     speculative: str = SPECULATIVE
     prompt_tokens: tuple[int, int] = (300, 1400)  # the plan's range of prompt lengths
     output_tokens: tuple[int, int] = (100, 300)  # and of max_tokens
+    target_drafter: str | None = None  # "eagle" | "eagle3": a drafter built for the case's own target
 
 
 # An EAGLE drafter, built at test time into data/ beside the tiny model (EAGLE_DRAFTER).
@@ -99,7 +103,15 @@ CASES = {
     "llama-eagle": Case("llama", pool_blocks=90, caching=True, speculative=EAGLE),
     "llama-eagle3": Case("llama", pool_blocks=90, caching=True, speculative=EAGLE3),
     "mimo-mtp": Case("mimo", pool_blocks=90, caching=True, speculative=MTP),
-}
+    # An EAGLE-3 drafter beside the Mistral shape's two window layers (every target layer slides, window
+    # 1,024): three KV cache groups, the drafter's full-attention layer one of its own, caching off (the
+    # group range manager). Preempts: a 300-600-token prompt is admitted with 30-57 blocks of 32 tokens over
+    # the three groups and decodes 400-600 tokens to 86-104 (each window group stops at 33); one fits in 140
+    # blocks, the two or three admitted together do not once they decode.
+    "mistral-eagle3": Case("mistral", pool_blocks=140, caching=False, prompt_tokens=(300, 600),
+                           output_tokens=(400, 600), target_drafter="eagle3"),
+}  # fmt: skip
+DRAFTER_BUILDERS = {"eagle": build_eagle_drafter, "eagle3": build_eagle3_drafter}
 
 
 def plan(case: Case, seed: int = 0) -> list[tuple[list[int], int]]:
@@ -151,6 +163,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tok_dir: Path) -> dict[str, d
             model = build_mtp_model(MTP_MODEL, TINY_MODEL)
         else:
             model = TINY_MODEL if case.family == "llama" else build_family(root / name, case.family, tok_dir)
+        if case.target_drafter is not None:
+            drafter = DRAFTER_BUILDERS[case.target_drafter](root / f"{name}-drafter", model)
+            speculative = {"method": case.target_drafter, "model": str(drafter), "num_speculative_tokens": 3}
+            case = replace(case, speculative=json.dumps(speculative))
         specs = [(server_spec(case, model, b), root / f"{name}-{b}.log") for b in BACKENDS]
         with serving(specs) as servers:
             out[name] = {b: drive(case, model, server) for b, server in zip(BACKENDS, servers, strict=True)}
@@ -168,7 +184,7 @@ def test_tagma_generates_what_paged_generates(runs: dict[str, dict[str, dict[str
     for arm in (paged, tagma):
         if CASES[name].speculative == DRAFT_MODEL:  # drafting for itself from its KV in the request's blocks
             assert arm["draft_tokens"] > 0 and arm["accepted_tokens"] >= 0.99 * arm["draft_tokens"], arm
-        elif CASES[name].speculative in (EAGLE, EAGLE3, MTP):  # random weights: acceptance not meaningful
+        elif CASES[name].speculative in (EAGLE, EAGLE3, MTP) or CASES[name].target_drafter:  # random weights
             assert arm["draft_tokens"] > 0, arm
         else:
             assert 0 < arm["accepted_tokens"] < arm["draft_tokens"], f"{name}: drafts proposed, some rejected"
