@@ -62,6 +62,9 @@ def _hybrid(c: Any) -> str | None:
 # Layer kinds that are plain full attention in HF configs' ``layer_types``; anything else (linear, mamba,
 # conv, chunked, ...) gives vLLM a second KV cache spec, hence a second KV cache group.
 _FULL_ATTENTION_LAYER_TYPES = frozenset({"full_attention", "attention", "global_attention", "global"})
+# The window kinds of ``layer_types`` the group managers serve: sliding windows (named by _sliding_window) and
+# Llama 4's chunked local attention (by _chunked_local).
+_WINDOW_LAYER_TYPES = frozenset({"sliding_attention", "chunked_attention"})
 
 
 def _sliding_window(c: Any) -> str | None:
@@ -96,9 +99,7 @@ def _layer_types(c: Any) -> str | None:
     if c.model_config.is_attention_free or c.model_config.is_hybrid:
         return None  # named more precisely by _attention_free / _hybrid
     layer_types = getattr(c.model_config.hf_text_config, "layer_types", None) or ()
-    # "sliding_attention" is named by _sliding_window, "chunked_attention" (Llama 4) by _chunked_local.
-    named = {"sliding_attention", "chunked_attention"}
-    other = sorted({str(t) for t in layer_types} - _FULL_ATTENTION_LAYER_TYPES - named)
+    other = sorted({str(t) for t in layer_types} - _FULL_ATTENTION_LAYER_TYPES - _WINDOW_LAYER_TYPES)
     if other:
         kinds = ", ".join(other)
         return f"layer types other than full attention (layer_types has {kinds}: >1 KV cache group)"
@@ -159,19 +160,15 @@ def _kv_shape(config: Any) -> tuple[Any, Any]:
     return heads, head_dim
 
 
-# Layer kinds beside which an EAGLE-family drafter is served with prefix caching off (the group range manager)
-_EAGLE_WINDOW_LAYER_TYPES = frozenset({"sliding_attention", "chunked_attention"})
-
-
 def _eagle_outside_one_group(c: Any) -> str | None:
     """Why an EAGLE drafter would not be served beside the target's KV cache groups, or None: served beside
     one full-attention group, and beside sliding-window or chunked local groups with prefix caching off."""
     mc = c.model_config
     layer_types = set(getattr(mc.hf_text_config, "layer_types", None) or ())
-    if mc.is_hybrid or mc.use_mla or (layer_types - _FULL_ATTENTION_LAYER_TYPES - _EAGLE_WINDOW_LAYER_TYPES):
+    if mc.is_hybrid or mc.use_mla or (layer_types - _FULL_ATTENTION_LAYER_TYPES - _WINDOW_LAYER_TYPES):
         return "a target with state layers, MLA or layer types other than attention"
     windows = (mc.get_sliding_window(), getattr(mc, "attention_chunk_size", None))
-    windowed = any(w is not None for w in windows) or layer_types & _EAGLE_WINDOW_LAYER_TYPES
+    windowed = any(w is not None for w in windows) or layer_types & _WINDOW_LAYER_TYPES
     if windowed and c.cache_config.enable_prefix_caching:
         return (
             "prefix caching on beside sliding-window or chunked local attention groups (tagma serves it with "

@@ -63,12 +63,9 @@ def _one_layer_config(target_dir: Path, architecture: str) -> Any:
     target's sizes, full attention): a drafter's, named ``architecture``."""
     from transformers import AutoConfig, LlamaConfig
 
-    target = AutoConfig.from_pretrained(target_dir)
-    if target.model_type == "llama":
-        config = LlamaConfig.from_pretrained(target_dir)
-    else:
-        config = LlamaConfig(**{name: getattr(target, name) for name in DRAFTER_SIZES})
-        config.torch_dtype = getattr(target, "torch_dtype", None) or getattr(target, "dtype", None)
+    config = AutoConfig.from_pretrained(target_dir)  # a Llama target's is its LlamaConfig
+    if config.model_type != "llama":
+        config = LlamaConfig(**{name: getattr(config, name) for name in DRAFTER_SIZES}, dtype=config.dtype)
     config.num_hidden_layers = 1
     config.architectures = [architecture]
     return config

@@ -299,6 +299,7 @@ def test_an_eagle_drafter_beside_window_groups_matches_vllm(layout: str) -> None
     slots (num_speculative_tokens) taken in every group with each step's drafts, as vLLM's coordinator takes
     them, under preemption; use_eagle changes only hit rules, which caching off has none of."""
     specs, eagle_group = EAGLE_LAYOUTS[layout]
+    # the layout's pool plus the drafter group's share of the largest request (18 blocks: POOL_BLOCKS)
     twin = GroupTwin(specs, num_blocks=POOL_BLOCKS[layout] + 18, eagle_group=eagle_group, use_eagle=True,
                      num_prefill_lookahead=1)  # fmt: skip
     assert twin.paged.use_eagle and twin.paged.coordinator.eagle_group_ids == {eagle_group}

@@ -29,7 +29,7 @@ slots). Two configurations, each a paged and a tagma server (started together, d
   on: its MTP layer's KV joins the target's group; the same hit rule and read-ahead as EAGLE.
 - an EAGLE-3 drafter built for the tiny Mistral shape (every layer a 1,024-token window; a Llama layer of the
   target's sizes) with prefix caching off: the drafter's full-attention layer is a KV cache group beside the
-  window group, served by tagma's group manager, which takes the lookahead slots in every group.
+  two window groups, served by tagma's group manager, which takes the lookahead slots in every group.
 Prompts repeat a phrase so that ngram finds drafts; greedy decoding; a pool small enough to preempt.
 Token ids must be identical per request; on both arms drafts must have been proposed, some of ngram's
 rejected and the self-drafting model's (nearly) all accepted; no block is held after the queue drained."""
