@@ -149,6 +149,7 @@ def test_the_xxhash_profile_gives_the_baseline_vllms_fastest_hash() -> None:
         ("hybrid_long", (False,), (True,)),
         ("hybrid_16k", (False,), (True,)),
         ("hybrid_wide", (False, True), (False, True)),
+        ("hybrid_long_wide", (False, True), (True, False)),
         ("hybrid_focus", (False,), (True,)),
     ],
 )
@@ -158,7 +159,8 @@ def test_the_hybrid_profiles_serve_the_tiny_gpt_oss_caching_off_and_on(
     """The hybrid cells run the gpt-oss-shaped model (two KV cache groups: window 128 + full) on both arms,
     caching off (profile hybrid) or on (hybrid_cached: the group prefix manager), both (hybrid_wide: the
     quick map's grid, the A/A of the caching-on group), and their A/As run too; every closed and open
-    cell's requests run past the window (hybrid_long: 4K prompts, hybrid_16k: 16K; hybrid_focus: the
+    cell's requests run past the window (hybrid_long: 4K prompts, hybrid_16k: 16K; hybrid_long_wide: 1K and 4K at
+    concurrency 128, 16K at 1, 8 and open-loop; hybrid_focus: the
     largest host share, 1K x 1 and 8), within the model
     length. The model's own args leave caching to the profile."""
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
