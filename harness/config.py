@@ -79,7 +79,8 @@ class RunConfig:
 
     ``design``: ``abba`` starts one server at a time, ``repeats`` lifetimes per arm in ABBA order (any
     concurrency); ``paired`` keeps one server of each arm up at once and sends each prompt to both, one
-    request at a time, alternating which arm goes first, ``repeats`` rounds of fresh server pairs.
+    wave of ``load.max_concurrency`` prompts (closed loop) to one server at a time, alternating which arm
+    goes first, ``repeats`` rounds of fresh server pairs.
     ``primary_metrics`` get a verdict under a family-wise (Holm) correction at level ``alpha``; every other
     metric is descriptive. ``pin_client`` keeps the client off the cores vLLM binds its compute threads to;
     ``pin_server_host`` moves the server's host processes (API server, engine core) off them too, leaving the
@@ -156,11 +157,11 @@ class BenchConfig:
                 f"backends must be [baseline, candidate], each one of {BACKENDS} (equal for an A/A), "
                 f"got {list(self.backends)}"
             )
-        if self.run.design == "paired" and (self.load.mode != "closed" or self.load.max_concurrency != 1):
+        if self.run.design == "paired" and self.load.mode != "closed":
             raise ValueError(
-                "run.design=paired sends one request at a time to two live servers: use load=closed "
-                "load.max_concurrency=1 (use run.design=abba for concurrency > 1, where two live servers "
-                "would compete for the cores)"
+                "run.design=paired sends waves of load.max_concurrency prompts to one of two live servers at "
+                f"a time: use load=closed (got load.mode={self.load.mode}; use run.design=abba for open-loop "
+                "and trace loads, where two live servers would compete for the cores)"
             )
         if self.load.mode == "trace" and self.workload.kind != "mooncake":
             raise ValueError(f"load=trace sends requests at a trace's times: it needs a trace workload "

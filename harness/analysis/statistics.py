@@ -342,20 +342,28 @@ def compare_pairs(
     alpha: float = 0.05,
     parity_margin: float = PARITY_MARGIN,
     batches: int | None = None,
+    units: np.ndarray | None = None,
 ) -> Comparison:
     """Paired-interleaved samples in measurement order; pairs with a non-finite side are left out.
 
     ``stat`` is a name from ``STATS`` (a quantile name lets the tail be checked for enough pairs) or a
-    function. ``batches`` overrides the number of jackknife batches. ``n_boot``/``seed`` are accepted for a
-    call signature uniform with the other comparisons: the batch jackknife is deterministic."""
+    function. ``batches`` overrides the number of jackknife batches. ``units`` (one label per pair, equal
+    labels consecutive) names pairs that are not independent (the requests of one wave share their steps):
+    a jackknife batch then holds whole units, and there are no more batches than units. ``n_boot``/``seed``
+    are accepted for a call signature uniform with the other comparisons: the batch jackknife is
+    deterministic."""
     del n_boot, seed
     b, c = np.asarray(baseline, dtype=float), np.asarray(candidate, dtype=float)
     if b.shape != c.shape or b.ndim != 1:
         raise ValueError(f"paired samples need two 1-D arrays of one length, got {b.shape} and {c.shape}")
+    u = np.arange(len(b)) if units is None else np.asarray(units)
+    if u.shape != b.shape:
+        raise ValueError(f"units need one label per pair, got {u.shape} for {b.shape}")
     keep = np.isfinite(b) & np.isfinite(c)
-    b, c = b[keep], c[keep]
+    b, c, u = b[keep], c[keep], u[keep]
     n = len(b)
-    method = "paired by request, batch jackknife t"
+    starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]]) if n else np.zeros(0, dtype=int)
+    method = "paired by request, batch jackknife t" + (" over whole waves" if len(starts) < n else "")
 
     def make(**kw: object) -> Comparison:
         fields: dict = dict(metric=metric, baseline=None, candidate=None, ratio=None, ci_low=None,
@@ -373,10 +381,12 @@ def compare_pairs(
     if sc is None or sc <= 0:
         return make(baseline=sb, candidate=sc, verdict="n/a", reason="the candidate statistic is 0: no ratio")
     ratio = sc / sb
-    k = batches or _n_batches(n)
+    k = min(batches or _n_batches(n), len(starts))
     reason = None
-    if n < MIN_PAIRS or k < 2:
+    if n < MIN_PAIRS:
         reason = f"{n} pairs are too few for an interval (needs >= {MIN_PAIRS})"
+    elif k < 2:
+        reason = f"{len(starts)} unit(s) of pairs are too few for an interval (needs >= 2)"
     elif isinstance(stat, str) and stat.startswith("p") and stat in STATS:
         tail = 1.0 - float(stat[1:]) / 100.0
         if tail > 0 and n * tail < MIN_TAIL_SAMPLES:
@@ -386,9 +396,10 @@ def compare_pairs(
         return _decide(make(baseline=sb, candidate=sc, ratio=ratio, reason=reason), None, alpha, reason)
     # delete-one-batch jackknife over k consecutive batches of pairs
     log_r = np.empty(k)
-    for j, batch in enumerate(np.array_split(np.arange(n), k)):
+    bounds = np.r_[starts, n]
+    for j, group in enumerate(np.array_split(np.arange(len(starts)), k)):
         rest = np.ones(n, dtype=bool)
-        rest[batch] = False
+        rest[bounds[group[0]]:bounds[group[-1] + 1]] = False
         with np.errstate(divide="ignore", invalid="ignore"):
             log_r[j] = np.log(fn(c[rest])) - np.log(fn(b[rest]))
     if not np.isfinite(log_r).all():

@@ -8,17 +8,26 @@ The second request waits ``run.pair_gap_s`` (1.5 s) first: a vLLM reader busy-wa
 read, and a request sent to the other server inside that second waited 0.5-1 s for its first token here, on
 one server of the two only (so the alternation did not cancel it). The next pair's first request goes to the
 server that just answered, so it needs no pause.
-Only one request is in flight at a time, so the idle server does not compete for the cores (closed loop,
-concurrency 1; for concurrency > 1 use the ABBA design). ``run.repeats`` rounds each start a fresh pair of
-servers, so server-lifetime effects also enter the comparison.
+At concurrency c (``load.max_concurrency``, closed loop) the unit is a wave: c consecutive prompts sent to one
+server at once, then, when all c have answered, the same c to the other; the first arm alternates wave by
+wave. Only one server is busy at a time, so the idle one does not compete for the cores. A wave is a batch
+that starts together and, with every output the same length (ignore_eos), decodes together: it measures
+the steps of c running requests, not a steady state where requests arrive and leave (that is the ABBA
+design's closed cells). ``run.repeats`` rounds each start a fresh pair of servers, so server-lifetime effects
+also enter the comparison.
 
-Each arm's requests.jsonl carries ``pair`` (the position of the pair in measurement order over all rounds),
-``round`` and ``first`` (whether this arm went first in the pair).
+Each arm's requests.jsonl carries ``pair`` (the position of the request in measurement order over all
+rounds), ``wave`` (its wave's, the same at concurrency 1), ``round`` and ``first`` (whether this arm went
+first in the wave).
 
 Comparison: requests are paired (the same prompt to both arms, seconds apart); latency statistics compare the
-paired arrays in measurement order. ITL enters as each request's mean gap. Output throughput is tokens over
-latency; with identical output lengths on both arms (ignore_eos) its ratio is the inverse of the mean-E2EL
-ratio, which is how it is computed. In-server host time is also compared per request, paired by prompt.
+paired arrays in measurement order, and the jackknife's batches keep each wave whole (the requests of a wave
+share their steps, so they are not independent samples). ITL enters as each request's mean gap. Output
+throughput at concurrency 1 is tokens over latency; with identical output lengths on both arms (ignore_eos)
+its ratio is the inverse of the mean-E2EL ratio, which is how it is computed. At concurrency c > 1 it is the
+inverse of the ratio of mean wave spans (first send to last answer), paired by wave. In-server host time is
+also compared per request, paired by prompt: at c > 1 each request is charged the steps that ended while it
+was in flight, shared with its wave.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import time
 from collections.abc import Mapping, Sequence
 
@@ -42,7 +52,7 @@ from harness.designs.server_run import RunFailed, ServerRun, failure_reason, run
 from harness.files import read_json
 from harness.serve.launcher import ServerError
 from harness.serve.noise import pinned
-from harness.workload.spec import Workload
+from harness.workload.spec import RequestSpec, Workload
 
 
 def first_arm_of(pair: int) -> int:
@@ -50,38 +60,64 @@ def first_arm_of(pair: int) -> int:
     return pair % 2
 
 
+def wave_size(cfg: BenchConfig) -> int:
+    """Prompts sent to one server at once: the closed loop's concurrency (1: one request in flight)."""
+    return int(cfg.load.max_concurrency or 1)
+
+
+@dataclasses.dataclass
+class PairedReplay:
+    """Per arm, in request order: results and wall windows (time_ns sent, done), which attribute in-server
+    host time to requests; per arm, busy seconds (the sum of its waves' spans: its share of the wall time);
+    per request, its wave's number over all rounds."""
+
+    results: list[list[RequestResult]]
+    walls: list[list[tuple[int, int]]]
+    busy: list[float]
+    waves: list[int]
+
+
 async def replay_pairs(
-    cfg: BenchConfig, urls: tuple[str, str], workload: Workload, pair0: int, bar: tqdm
-) -> tuple[list[list[RequestResult]], list[float], list[list[tuple[int, int]]]]:
-    """Send each request to both servers, one at a time. Returns per-arm results (request order), per-arm
-    busy durations (the sum of that arm's request latencies: its share of the wall time) and per-arm wall
-    windows (time_ns sent, done) of each request, which attribute in-server host time to requests."""
+    cfg: BenchConfig, urls: tuple[str, str], workload: Workload, round_index: int, bar: tqdm
+) -> PairedReplay:
+    """Send each wave of prompts to both servers, one server at a time (a wave: ``wave_size`` prompts at
+    once, all answered before the other server gets them)."""
     config = ClientConfig()
     timeout = aiohttp.ClientTimeout(total=cfg.run.request_timeout_s)
-    results: list[list[RequestResult]] = [[], []]
-    walls: list[list[tuple[int, int]]] = [[], []]  # per request: wall time_ns when sent and when done
-    busy = [0.0, 0.0]
+    size = wave_size(cfg)
+    requests = workload.requests
+    wave0 = round_index * math.ceil(len(requests) / size)
+    out = PairedReplay(results=[[], []], walls=[[], []], busy=[0.0, 0.0], waves=[])
     async with make_session(config) as session:
         t0 = time.perf_counter()
-        for k, req in enumerate(workload.requests):
-            body = encode_body(cfg.model.path, req, config)
-            first = first_arm_of(pair0 + k)
+
+        async def send(arm: int, req: RequestSpec, body: bytes) -> tuple[RequestResult, tuple[int, int]]:
+            res = RequestResult(index=req.index, scheduled_s=time.perf_counter() - t0,
+                                expected_prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens)
+            wall_start = time.time_ns()
+            await send_one(session, completions_url(urls[arm]), body, res, t0, timeout, False)
+            return res, (wall_start, time.time_ns())
+
+        for w, k0 in enumerate(range(0, len(requests), size)):
+            wave = requests[k0:k0 + size]
+            bodies = [encode_body(cfg.model.path, req, config) for req in wave]
+            first = first_arm_of(wave0 + w)
             for arm in (first, 1 - first):
                 if arm != first and cfg.run.pair_gap_s:
                     await asyncio.sleep(cfg.run.pair_gap_s)  # the first server's readers stop spinning
-                res = RequestResult(index=req.index, scheduled_s=time.perf_counter() - t0,
-                                    expected_prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens)
-                start, wall_start = time.perf_counter(), time.time_ns()
-                await send_one(session, completions_url(urls[arm]), body, res, t0, timeout, False)
-                busy[arm] += time.perf_counter() - start
-                results[arm].append(res)
-                walls[arm].append((wall_start, time.time_ns()))
-            bar.update(1)
-    return results, busy, walls
+                start = time.perf_counter()
+                done = await asyncio.gather(*(send(arm, r, b) for r, b in zip(wave, bodies, strict=True)))
+                out.busy[arm] += time.perf_counter() - start
+                for res, wall in done:
+                    out.results[arm].append(res)
+                    out.walls[arm].append(wall)
+            out.waves += [wave0 + w] * len(wave)
+            bar.update(len(wave))
+    return out
 
 
 def run_round(cfg: BenchConfig, workload: Workload, round_index: int) -> list[dict]:
-    """One round: a fresh server per arm, both up, the whole workload replayed in pairs."""
+    """One round: a fresh server per arm, both up, the whole workload replayed in pairs (waves of pairs)."""
     arms = cfg.arms
     indices = (2 * round_index, 2 * round_index + 1)
     runs = [ServerRun(cfg, arm, i, cfg.out_dir / "runs" / run_dir_name(i, arm))
@@ -101,14 +137,16 @@ def run_round(cfg: BenchConfig, workload: Workload, round_index: int) -> list[di
             desc = f"round {round_index} pairs"
             bar_ = tqdm(total=len(workload.requests), desc=desc, unit="pair", leave=False)
             with pinned(cores), bar_ as bar:
-                results, busy, walls = asyncio.run(asyncio.wait_for(
-                    replay_pairs(cfg, (runs[0].base_url, runs[1].base_url), workload, pair0, bar),
+                replay = asyncio.run(asyncio.wait_for(
+                    replay_pairs(cfg, (runs[0].base_url, runs[1].base_url), workload, round_index, bar),
                     timeout=cfg.run.run_timeout_s))  # fmt: skip
             for a, run in enumerate(runs):
-                extra = [{"pair": pair0 + k, "round": round_index, "first": first_arm_of(pair0 + k) == a,
-                          "wall_start_ns": walls[a][k][0], "wall_end_ns": walls[a][k][1]}
-                         for k in range(len(results[a]))]  # fmt: skip
-                run.finish(results[a], busy[a], extra)
+                walls, waves = replay.walls[a], replay.waves
+                extra = [{"pair": pair0 + k, "wave": waves[k], "round": round_index,
+                          "first": first_arm_of(waves[k]) == a,
+                          "wall_start_ns": walls[k][0], "wall_end_ns": walls[k][1]}
+                         for k in range(len(replay.results[a]))]  # fmt: skip
+                run.finish(replay.results[a], replay.busy[a], extra)
     except (ServerError, TimeoutError, RunFailed) as e:
         reason = failure_reason(cfg, e)
         return [run.write_status(reason) for run in runs]
@@ -136,9 +174,17 @@ def run(cfg: BenchConfig, workload: Workload) -> list[dict]:
 _FLIP = {"faster": "higher", "slower": "lower"}
 
 
-def paired_values(runs: Sequence[dict], backends: Sequence[str], key: str) -> tuple[np.ndarray, np.ndarray]:
-    """(baseline, candidate) values of ``key`` for the pairs both arms served, in measurement order."""
+def wave_of(row: Mapping) -> int:
+    """A request row's wave: its own pair in runs from before waves (one request per wave)."""
+    return int(row["wave"] if row.get("wave") is not None else row["pair"])
+
+
+def paired_values(
+    runs: Sequence[dict], backends: Sequence[str], key: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(baseline, candidate, wave) values of ``key`` for the pairs both arms served, in measurement order."""
     by_arm: dict[str, dict[int, float]] = {a: {} for a in ARM_NAMES}
+    waves: dict[int, int] = {}
     for run in runs:
         if run["status"] != "ok":
             continue
@@ -148,20 +194,52 @@ def paired_values(runs: Sequence[dict], backends: Sequence[str], key: str) -> tu
                 v = float(np.mean(v)) if v else None
             if row["success"] and v is not None and row.get("pair") is not None:
                 by_arm[arm_of(run, backends)][int(row["pair"])] = float(v)
+                waves[int(row["pair"])] = wave_of(row)
     base, cand = (by_arm[a] for a in ARM_NAMES)
     pairs = sorted(set(base) & set(cand))
-    return np.asarray([base[p] for p in pairs]), np.asarray([cand[p] for p in pairs])
+    return (np.asarray([base[p] for p in pairs]), np.asarray([cand[p] for p in pairs]),
+            np.asarray([waves[p] for p in pairs], dtype=int))  # fmt: skip
 
 
-def invert(c: Comparison, metric: str) -> Comparison:
+def wave_spans(runs: Sequence[dict], backends: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(baseline, candidate) seconds from a wave's first send to its last answer, for the waves whose every
+    request both arms served, in measurement order."""
+    spans: dict[str, dict[int, list[int]]] = {a: {} for a in ARM_NAMES}
+    failed: set[int] = set()
+    for run in runs:
+        if run["status"] != "ok":
+            continue
+        for row in run["requests"]:
+            if row.get("pair") is None or row.get("wall_start_ns") is None:
+                continue
+            w = wave_of(row)
+            if not row["success"]:
+                failed.add(w)
+            span = spans[arm_of(run, backends)].setdefault(w, [row["wall_start_ns"], row["wall_end_ns"]])
+            span[0], span[1] = min(span[0], row["wall_start_ns"]), max(span[1], row["wall_end_ns"])
+    base, cand = (spans[a] for a in ARM_NAMES)
+    waves = sorted((set(base) & set(cand)) - failed)
+
+    def seconds(d: dict[int, list[int]]) -> np.ndarray:
+        return np.asarray([(d[w][1] - d[w][0]) / 1e9 for w in waves])
+
+    return seconds(base), seconds(cand)
+
+
+def invert(c: Comparison, metric: str, of: str = "mean E2EL") -> Comparison:
     """The comparison of 1/x from that of x (a latency ratio turned into a throughput ratio): higher is better
     now, so a verdict re-decided later (Holm) reads the direction right."""
     inv = lambda x: None if x is None or x == 0 else 1.0 / x  # noqa: E731
     return dataclasses.replace(
         c, metric=metric, baseline=None, candidate=None, ratio=inv(c.ratio),
         ci_low=inv(c.ci_high), ci_high=inv(c.ci_low), verdict=_FLIP.get(c.verdict, c.verdict),
-        lower_is_better=not c.lower_is_better, method=f"{c.method}, 1 / mean E2EL",
+        lower_is_better=not c.lower_is_better, method=f"{c.method}, 1 / {of}",
     )  # fmt: skip
+
+
+def _units(waves: np.ndarray) -> np.ndarray | None:
+    """The jackknife's units: the waves where a wave holds several requests, else each pair its own."""
+    return waves if len(np.unique(waves)) < len(waves) else None
 
 
 def _pair_rows(
@@ -169,16 +247,19 @@ def _pair_rows(
 ) -> list[Comparison]:
     out: list[Comparison] = []
     for key in LATENCY_KEYS:
-        a, b = paired_values(runs, backends, key)
+        a, b, waves = paired_values(runs, backends, key)
         for stat_name in LATENCY_STATS:
             name = f"{stat_name}_{key}"
             out.append(compare_pairs(name, a, b, stat_name, lower_is_better=True, primary=name in primary,
-                                     n_boot=n_boot))  # fmt: skip
-    a, b = paired_values(runs, backends, "e2el_ms")
+                                     n_boot=n_boot, units=_units(waves)))  # fmt: skip
+    a, b, waves = paired_values(runs, backends, "e2el_ms")
+    of = "mean E2EL"
+    if _units(waves) is not None:  # a wave's throughput: its tokens (equal on both arms) over its span
+        (a, b), of = wave_spans(runs, backends), "mean wave span"
     for key in ("output_throughput", "request_throughput"):
         c = compare_pairs(key, a, b, "mean", lower_is_better=True, primary=key in primary,
                           n_boot=n_boot)  # fmt: skip
-        out.append(invert(c, key))
+        out.append(invert(c, key, of))
     return out
 
 
@@ -203,16 +284,19 @@ def per_request_host(
 
 
 def host_rows(component: str, steps: HostSteps, n_boot: int) -> list[Comparison]:
-    """In-server CPU time of ``component`` per request, paired by prompt."""
+    """In-server CPU time of ``component`` per request, paired by prompt (the jackknife over whole waves)."""
     per: list[dict[int, float]] = [{}, {}]
+    waves: dict[int, int] = {}
     for k, arm in enumerate(ARM_NAMES):
         for run, s in steps[arm]:
             per[k].update(per_request_host(s, run["requests"], component))
+            waves.update((int(r["pair"]), wave_of(r)) for r in run["requests"] if r.get("pair") is not None)
     pairs = sorted(set(per[0]) & set(per[1]))
     if not pairs:
         return []
     c = compare_pairs(f"{component}_us_per_request", np.asarray([per[0][p] for p in pairs]),
-                      np.asarray([per[1][p] for p in pairs]), "mean", n_boot=n_boot)  # fmt: skip
+                      np.asarray([per[1][p] for p in pairs]), "mean", n_boot=n_boot,
+                      units=_units(np.asarray([waves[p] for p in pairs], dtype=int)))  # fmt: skip
     return [dataclasses.replace(c, runs_baseline=len(steps[ARM_NAMES[0]]),
                                 runs_candidate=len(steps[ARM_NAMES[1]]))]  # fmt: skip
 

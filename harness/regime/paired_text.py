@@ -1,6 +1,6 @@
 """FINDINGS.md's paired runs: `make bench-cpu` runs of the paired design (both servers up, each prompt sent to
-both, one request in flight), A/B and A/A at the same cell, each with its verdicts and its check of the order
-within a pair.
+both, one request or one wave of prompts in flight), A/B and A/A at the same cell, each with its verdicts and
+its check of the order within a pair.
 
 ``python -m harness.regime.paired_text results/serve/<run id>`` writes the run's record (its primary rows,
 its in-server rows per request, the slot check, the cell, the commit and the machine) to
@@ -76,6 +76,7 @@ def record(run_dir: Path) -> dict[str, Any]:
             "output_tokens": (workload.get("output_len") or {}).get("value"),
             "prefix_caching": "--no-enable-prefix-caching" not in extra,
             "requests": workload.get("num_requests"),
+            "concurrency": config.section("load").get("max_concurrency") or 1,  # a wave's prompts
             "rounds": run.get("repeats"),
             "pair_gap_s": run.get("pair_gap_s", 0.0),  # runs before the pause existed had none
         },
@@ -100,8 +101,10 @@ def _label(rec: Mapping[str, Any]) -> str:
     low, high = cell["prompt_tokens"]
     tokens = f"{low}" if low == high else f"{low}-{high}"
     caching = "caching on" if cell["prefix_caching"] else "caching off"
-    return (f"{rec['model']}, {tokens} x {cell['output_tokens']} tok, {caching}, {cell['requests']} prompts "
-            f"x {cell['rounds']} rounds, pause {fmt(cell['pair_gap_s'] or 0)} s")  # fmt: skip
+    waves = cell.get("concurrency") or 1  # records before waves sent one request at a time
+    sent = f" in waves of {waves}" if waves > 1 else ""
+    return (f"{rec['model']}, {tokens} x {cell['output_tokens']} tok, {caching}, {cell['requests']} prompts"
+            f"{sent} x {cell['rounds']} rounds, pause {fmt(cell['pair_gap_s'] or 0)} s")  # fmt: skip
 
 
 def _aa(rec: Mapping[str, Any]) -> bool:
@@ -140,8 +143,9 @@ def paired_section(sources: Mapping[str, Any]) -> list[str]:
         "## Paired runs: both servers up, each prompt to both",
         "",
         "`make bench-cpu` with `run.design=paired`: each prompt goes to one server and then the other (the "
-        "first alternating pair by pair), one request in flight, fresh servers each round; intervals are per "
-        "request pair (batch jackknife), verdicts Holm-corrected over the run's five primary metrics.",
+        "first alternating pair by pair), one request in flight (or one wave of prompts sent at once, the "
+        "first arm alternating wave by wave), fresh servers each round; intervals are per request pair "
+        "(batch jackknife, waves kept whole), verdicts Holm-corrected over the run's five primary metrics.",
         "",
         "| run | kind | cell | " + " | ".join(names) + " | KV manager / request | worker prepare / request "
         "| commit, machine |",

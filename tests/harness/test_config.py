@@ -64,7 +64,7 @@ def test_rate_sweep_config_lists_rates() -> None:
         ("backends=[paged,vattention]", "backends"),
         ("backends=[paged]", "backends"),
         ("run.design=interleaved", "design"),
-        ("load=poisson", "paired"),  # the default paired design sends one request at a time
+        ("load=poisson", "paired"),  # the default paired design needs a closed loop
         ("run.repeats=0", "repeats"),
         ("server.device=tpu", "device"),
         ("load.request_rate=-1", "request_rate"),
@@ -84,8 +84,11 @@ def test_backends_name_the_arms_and_an_aa_is_allowed() -> None:
     assert aa.is_aa and [a.label for a in aa.arms] == ["baseline (paged)", "candidate (paged)"]
 
 
-def test_paired_design_needs_one_request_at_a_time() -> None:
+def test_paired_design_needs_a_closed_loop() -> None:
+    """Paired sends one wave of load.max_concurrency prompts at a time (1 by default); an open loop or a
+    trace would keep both live servers busy at once."""
     cfg = _compose("run.design=paired", "load=closed", "load.max_concurrency=1")
     assert cfg.run.design == "paired"
-    with pytest.raises(ValueError, match="max_concurrency=1"):
-        _compose("run.design=paired", "load=closed", "load.max_concurrency=2")
+    assert _compose("run.design=paired", "load=closed", "load.max_concurrency=8").load.max_concurrency == 8
+    with pytest.raises(ValueError, match="load=closed"):
+        _compose("run.design=paired", "load=poisson", "load.request_rate=2")

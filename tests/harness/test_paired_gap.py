@@ -18,9 +18,10 @@ from tests.harness.test_config import _compose
 from tests.harness.test_faults import _ids_request
 
 
-def _sent_times(monkeypatch: pytest.MonkeyPatch, gap_s: float, pairs: int) -> list[tuple[str, float, float]]:
+def _sent_times(monkeypatch: pytest.MonkeyPatch, gap_s: float, pairs: int, wave: int = 1,
+                round_index: int = 0) -> list[tuple[str, float, float]]:  # fmt: skip
     """(url, sent, done) of every request the design sends, the servers faked by a 10 ms answer."""
-    cfg = _compose("run=ci", f"run.pair_gap_s={gap_s}")
+    cfg = _compose("run=ci", f"run.pair_gap_s={gap_s}", "load=closed", f"load.max_concurrency={wave}")
     rng = np.random.default_rng(0)
     workload = Workload(spec=cfg.workload, warmup=[], provenance={},
                         requests=[_ids_request(i, rng, 8, 4) for i in range(pairs)])  # fmt: skip
@@ -35,7 +36,8 @@ def _sent_times(monkeypatch: pytest.MonkeyPatch, gap_s: float, pairs: int) -> li
 
     monkeypatch.setattr(paired, "send_one", answer)
     with tqdm(disable=True) as bar:
-        asyncio.run(paired.replay_pairs(cfg, ("http://a", "http://b"), workload, 0, bar))
+        replay = asyncio.run(paired.replay_pairs(cfg, ("http://a", "http://b"), workload, round_index, bar))
+    assert [len(r) for r in replay.results] == [pairs, pairs] and len(replay.waves) == pairs
     return log
 
 
@@ -48,6 +50,22 @@ def test_a_pairs_second_request_waits_the_gap_and_its_first_does_not(monkeypatch
     stays = [w for i, w in enumerate(waits, 1) if log[i][0] == log[i - 1][0]]
     assert len(switches) == 4 and all(w >= gap for w in switches), switches
     assert len(stays) == 3 and all(w < gap / 2 for w in stays), stays
+
+
+def test_a_wave_goes_to_one_server_at_once_and_then_to_the_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At concurrency 3 the unit is a wave: its 3 prompts are all sent before any answers, to one server;
+    the other gets them only after all 3 answered and the gap; the first server alternates wave by wave,
+    and the next round goes on with the alternation where the last left it."""
+    gap = 0.1
+    log = _sent_times(monkeypatch, gap, pairs=7, wave=3)  # waves of 3, 3 and 1
+    order = "".join(u.split("/")[2] for u, _, _ in log)
+    assert order == "aaabbb" + "bbbaaa" + "ab"
+    for w0 in (0, 3, 6, 9):  # each wave on one server: every send before the first answer
+        wave = log[w0:w0 + 3]
+        assert max(t for _, t, _ in wave) < min(d for _, _, d in wave)
+    assert log[3][1] - max(d for _, _, d in log[:3]) >= gap
+    # round 1 of a 7-prompt workload starts at wave 3 (3 waves a round): b goes first
+    assert _sent_times(monkeypatch, 0.0, pairs=7, wave=3, round_index=1)[0][0].startswith("http://b")
 
 
 def test_no_gap_sends_back_to_back(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -159,10 +159,9 @@ def test_the_hybrid_profiles_serve_the_tiny_gpt_oss_caching_off_and_on(
     """The hybrid cells run the gpt-oss-shaped model (two KV cache groups: window 128 + full) on both arms,
     caching off (profile hybrid) or on (hybrid_cached: the group prefix manager), both (hybrid_wide: the
     quick map's grid, the A/A of the caching-on group), and their A/As run too; every closed and open
-    cell's requests run past the window (hybrid_long: 4K prompts, hybrid_16k: 16K; hybrid_long_wide: 1K and 4K at
-    concurrency 128, 16K at 1, 8 and open-loop; hybrid_focus: the
-    largest host share, 1K x 1 and 8), within the model
-    length. The model's own args leave caching to the profile."""
+    cell's requests run past the window (hybrid_long: 4K prompts, hybrid_16k: 16K; hybrid_long_wide: 1K
+    and 4K at concurrency 128, 16K at 1, 8 and open-loop; hybrid_focus: the largest host share, 1K x 1 and
+    8), within the model length. The model's own args leave caching to the profile."""
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
         cfg = compose(config_name="regime_map", overrides=[f"regime={profile}"])
     from omegaconf import OmegaConf

@@ -36,7 +36,7 @@ ARM_OF = {"paged": "baseline", "tagma": "candidate"}
 
 
 def _fake_run(root: Path, index: int, backend: str, scale: float, n: int = 40, arm: str | None = None,
-              run_noise: float = 0.0, design: str = "abba") -> None:  # fmt: skip
+              run_noise: float = 0.0, design: str = "abba", wave: int = 1) -> None:  # fmt: skip
     arm = arm or ARM_OF[backend]
     d = root / "runs" / f"{index:02d}-{arm}-{backend}"
     rng = np.random.default_rng(index)
@@ -48,7 +48,11 @@ def _fake_run(root: Path, index: int, backend: str, scale: float, n: int = 40, a
         row = {"index": i, "success": True, "ttft_ms": ttft, "tpot_ms": float(np.mean(itl)), "itl_ms": itl,
                "e2el_ms": ttft + sum(itl)}  # fmt: skip
         if design == "paired":
-            row.update(pair=i, round=0, first=(i % 2 == 0) == (arm == "baseline"))
+            w = i // wave
+            row.update(pair=i, round=0, first=(w % 2 == 0) == (arm == "baseline"))
+            if wave > 1:  # a wave's prompts sent together, 10 s after the last wave's
+                start = int(w * 10e9)
+                row.update(wave=w, wall_start_ns=start, wall_end_ns=start + int(row["e2el_ms"] * 1e6))
         rows.append(row)
     write_jsonl(d / "requests.jsonl", rows)
     write_jsonl(d / "telemetry.jsonl", [
@@ -159,6 +163,20 @@ def test_paired_design_compares_by_pair(tmp_path: Path, scale: float, latency: s
     md = (tmp_path / "report.md").read_text()
     assert f"| {throughput} | 1/1 |" in md.split("| output_throughput |")[1].split("\n")[0]
     assert "order within a pair (TTFT p50 when first / second" in md
+
+
+def test_paired_waves_give_throughput_from_wave_spans(tmp_path: Path) -> None:
+    """At concurrency 4 a wave's throughput is its tokens over its span (first send to last answer), paired
+    by wave; latencies stay paired by request, their jackknife over whole waves."""
+    _meta(tmp_path, design="paired")
+    _fake_run(tmp_path, 0, "paged", scale=1.0, n=96, design="paired", wave=4)
+    _fake_run(tmp_path, 1, "tagma", scale=0.8, n=96, design="paired", wave=4)
+    report.write_report(tmp_path, n_boot=200)
+    ab = {r["metric"]: r for r in read_json(tmp_path / "summary.json")["ab"]}
+    assert ab["mean_tpot_ms"]["samples"] == 96 and "whole waves" in ab["mean_tpot_ms"]["method"]
+    thr = ab["output_throughput"]
+    assert thr["samples"] == 24 and thr["method"].endswith("1 / mean wave span")
+    assert thr["ratio"] == pytest.approx(1 / 0.8, rel=0.03) and thr["verdict"] == "higher"
 
 
 def test_resume_skips_finished_runs_and_retries_failed_ones(tmp_path: Path, monkeypatch) -> None:

@@ -166,6 +166,34 @@ def test_pairs_edge_cases() -> None:
     assert compare_pairs("x", b, c, "mean").samples == 59
 
 
+def test_pairs_in_waves_keep_each_wave_in_one_jackknife_batch() -> None:
+    """The requests of a wave share their steps: a noise common to the wave is one sample, not eight. Kept
+    whole, the waves widen the interval to what the waves' own spread gives; labelled one per pair, the
+    units change nothing."""
+    rng = np.random.default_rng(5)
+    waves, size = 30, 8
+    units = np.repeat(np.arange(waves), size)
+    base = 6.0 * np.exp(rng.normal(0, 0.05, waves * size))
+    wave_noise = np.repeat(rng.normal(0, 0.08, waves), size)  # the wave's steps, shared by its requests
+    cand = base * np.exp(wave_noise + rng.normal(0, 0.005, waves * size))
+    loose = compare_pairs("mean_tpot_ms", base, cand, "mean", units=None)
+    whole = compare_pairs("mean_tpot_ms", base, cand, "mean", units=units)
+    assert whole.ratio == loose.ratio and whole.samples == loose.samples == waves * size
+    assert "whole waves" in whole.method and "whole waves" not in loose.method
+    # the wave means' own spread: what 30 independent waves resolve
+    per_wave = [np.log(cand[units == w].mean() / base[units == w].mean()) for w in range(waves)]
+    se_waves = np.std(per_wave, ddof=1) / np.sqrt(waves)
+    half_whole = np.log(whole.ci_high / whole.ci_low) / 2
+    assert 0.6 * 2.0 * se_waves < half_whole < 1.6 * 2.3 * se_waves
+    same = compare_pairs("mean_tpot_ms", base, cand, "mean", units=np.arange(waves * size))
+    assert (same.ci_low, same.ci_high, same.method) == (loose.ci_low, loose.ci_high, loose.method)
+    one = compare_pairs("mean_tpot_ms", base, cand, "mean", primary=True,
+                        units=np.zeros(waves * size, dtype=int))  # fmt: skip
+    assert one.verdict == "inconclusive" and "1 unit(s)" in (one.reason or "")
+    with pytest.raises(ValueError, match="one label per pair"):
+        compare_pairs("x", base, cand, "mean", units=np.arange(3))
+
+
 # --- Holm -------------------------------------------------------------------------------------------
 
 
