@@ -185,8 +185,8 @@ slurm-deps:
 # The regime map (harness/regime/, configs/regime/): paged vs tagma over concurrency x prompt length x prefix
 # caching, open-loop cells near the knee, the Mooncake trace, and an A/A; one Hydra job per group of cells.
 # PROFILE=smoke (CI, ~10 min here) | quick (~70 min) | full (over 2 h); focused: focus | xxhash | hybrid |
-# hybrid_cached | hybrid_long | hybrid_16k | hybrid_long_wide | long_wide. Re-running the same MAP_ID resumes
-# it (finished segments are skipped); a cluster: ARGS="+cluster=slurm hydra.launcher.partition=<p>".
+# hybrid_cached | hybrid_long | hybrid_16k | hybrid_long_wide | long_wide | long_open. Re-running the same
+# MAP_ID resumes it (finished segments are skipped); a cluster: ARGS="+cluster=slurm hydra.launcher.partition=<p>".
 # Then the map is collected into findings/maps/$(MAP_ID).json, what `make findings` reads.
 PROFILE ?= quick
 MAP_ID ?= $(PROFILE)

@@ -180,3 +180,22 @@ def test_the_hybrid_profiles_serve_the_tiny_gpt_oss_caching_off_and_on(
         grid = [c for c in group.cells if c.load != "trace"]
         assert grid and all(c.prompt_tokens > window for c in grid)
         assert all(c.prompt_tokens + c.output_tokens <= group.max_model_len for c in grid)
+
+
+def test_long_open_puts_the_llamas_16k_open_cells_after_their_closed_rate() -> None:
+    """long_open: the tiny Llama's 16K open-loop cells (left out of long_wide), caching off and on, each at
+    0.8x the rate its job measures first in the closed cell at concurrency 8, within the model length; the
+    caching-off group's A/A runs too."""
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        cfg = compose(config_name="regime_map", overrides=["regime=long_open"])
+    from omegaconf import OmegaConf
+
+    assert cfg.model.name == "tiny-llama"
+    spec = map_spec(OmegaConf.to_container(cfg.regime, resolve=True))
+    assert [g.prefix_caching for g in spec.groups] == [False, True]
+    assert spec.aa_groups == (spec.groups[0].name,)
+    for group in spec.groups:
+        closed, opened = group.cells
+        assert (closed.name, closed.load, closed.concurrency) == ("c8-p16384", "closed", 8)
+        assert (opened.load, opened.rate_from, opened.knee_fraction) == ("open", closed.name, 0.8)
+        assert closed.prompt_tokens + closed.output_tokens <= group.max_model_len
