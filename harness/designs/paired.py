@@ -37,13 +37,13 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import aiohttp
 import numpy as np
 from tqdm import tqdm
 
-from harness.analysis.runs import LATENCY_KEYS, LATENCY_STATS, arm_of, ok_runs
+from harness.analysis.runs import LATENCY_KEYS, LATENCY_STATS, ok_runs
 from harness.analysis.statistics import Comparison, compare_pairs
 from harness.client import ClientConfig, RequestResult, completions_url, encode_body, make_session, send_one
 from harness.config import ARM_NAMES, BenchConfig
@@ -179,21 +179,25 @@ def wave_of(row: Mapping) -> int:
     return int(row["wave"] if row.get("wave") is not None else row["pair"])
 
 
+def _paired_rows(runs: Sequence[dict], backends: Sequence[str], arm: str) -> Iterator[Mapping]:
+    """The rows of ``arm``'s ok runs that carry a pair (runs of the paired design)."""
+    for run in ok_runs(runs, arm, backends):
+        yield from (row for row in run["requests"] if row.get("pair") is not None)
+
+
 def paired_values(
     runs: Sequence[dict], backends: Sequence[str], key: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(baseline, candidate, wave) values of ``key`` for the pairs both arms served, in measurement order."""
     by_arm: dict[str, dict[int, float]] = {a: {} for a in ARM_NAMES}
     waves: dict[int, int] = {}
-    for run in runs:
-        if run["status"] != "ok":
-            continue
-        for row in run["requests"]:
+    for arm in ARM_NAMES:
+        for row in _paired_rows(runs, backends, arm):
             v = row.get(key)
             if isinstance(v, list):
                 v = float(np.mean(v)) if v else None
-            if row["success"] and v is not None and row.get("pair") is not None:
-                by_arm[arm_of(run, backends)][int(row["pair"])] = float(v)
+            if row["success"] and v is not None:
+                by_arm[arm][int(row["pair"])] = float(v)
                 waves[int(row["pair"])] = wave_of(row)
     base, cand = (by_arm[a] for a in ARM_NAMES)
     pairs = sorted(set(base) & set(cand))
@@ -206,16 +210,14 @@ def wave_spans(runs: Sequence[dict], backends: Sequence[str]) -> tuple[np.ndarra
     request both arms served, in measurement order."""
     spans: dict[str, dict[int, list[int]]] = {a: {} for a in ARM_NAMES}
     failed: set[int] = set()
-    for run in runs:
-        if run["status"] != "ok":
-            continue
-        for row in run["requests"]:
-            if row.get("pair") is None or row.get("wall_start_ns") is None:
+    for arm in ARM_NAMES:
+        for row in _paired_rows(runs, backends, arm):
+            if row.get("wall_start_ns") is None:
                 continue
             w = wave_of(row)
             if not row["success"]:
                 failed.add(w)
-            span = spans[arm_of(run, backends)].setdefault(w, [row["wall_start_ns"], row["wall_end_ns"]])
+            span = spans[arm].setdefault(w, [row["wall_start_ns"], row["wall_end_ns"]])
             span[0], span[1] = min(span[0], row["wall_start_ns"]), max(span[1], row["wall_end_ns"])
     base, cand = (spans[a] for a in ARM_NAMES)
     waves = sorted((set(base) & set(cand)) - failed)
