@@ -76,7 +76,7 @@ def host_steps(run: Mapping) -> dict[str, np.ndarray] | None:
     ``replay_end_ns`` where the run shares its server), in us per component, plus ``forward`` (the worker's
     execute_model wall time less its input preparation, where the worker's steps line up), the worker's
     parts (:data:`PART_COMPONENTS`) and ``execute_other`` (``forward`` less the parts) where it wrote them,
-    ``num_reqs`` and ``end_ns``; None without host time."""
+    ``num_reqs``, ``num_tokens`` and ``end_ns``; None without host time."""
     try:
         host = load_run(host_dir(run))
     except (FileNotFoundError, ValueError):
@@ -95,6 +95,7 @@ def host_steps(run: Mapping) -> dict[str, np.ndarray] | None:
             timed = sum(out[name] for name in PART_COMPONENTS)
             out["execute_other"] = np.maximum(out["forward"] - timed, 0.0)
     out["num_reqs"] = s["num_reqs"][keep].astype(float)
+    out["num_tokens"] = s["num_tokens"][keep].astype(float)
     out["end_ns"] = s["end_ns"][keep]
     return out
 

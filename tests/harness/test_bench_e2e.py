@@ -8,6 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from harness.analysis import step_mix
 from tests.harness.harness_run import run_harness
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,6 +75,10 @@ def test_real_paired_aa_gives_no_verdict(tmp_path: Path) -> None:
     requests = [json.loads(line) for line in lines]
     assert [r["pair"] for r in requests] == list(range(12))
     assert [r["first"] for r in requests] == [k % 2 == 0 for k in range(12)]  # the order alternates
+    # the forward's split by step mix reads the same run: one lifetime pair, every busy step keyed
+    mix = step_mix.from_run_dir(tmp_path / "aa")
+    assert mix.pairs == 1 and mix.row("all").steps_baseline > 12 and mix.row("prefill").steps_candidate >= 12
+    assert 0 < mix.row("all").equal_steps < 10 and mix.row("all").matched_share > 0
 
 
 @pytest.mark.slow
