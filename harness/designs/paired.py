@@ -7,7 +7,11 @@ to pair (A B, B A, A B, ...), so both measurements of a pair are seconds apart a
 The second request waits ``run.pair_gap_s`` (1.5 s) first: a vLLM reader busy-waits for 1 s after its last
 read, and a request sent to the other server inside that second waited 0.5-1 s for its first token here, on
 one server of the two only (so the alternation did not cancel it). The next pair's first request goes to the
-server that just answered, so it needs no pause.
+server that just answered, so it needs no pause. The first wave of a round waits the same pause after both
+servers' warm-ups: without it, the server warmed up last was still spinning while the other took the round's
+first wave, and that wave's first prefill step ran 5-10x slower on that arm alone (seen on this 2-core
+machine in 4 of 6 rounds, always the baseline's: every round opened with the baseline, since an even number
+of waves per round kept the alternation in phase). Rounds alternate which arm opens them as well.
 At concurrency c (``load.max_concurrency``, closed loop) the unit is a wave: c consecutive prompts sent to one
 server at once, then, when all c have answered, the same c to the other; the first arm alternates wave by
 wave. Only one server is busy at a time, so the idle one does not compete for the cores. A wave is a batch
@@ -55,9 +59,10 @@ from harness.serve.noise import pinned
 from harness.workload.spec import RequestSpec, Workload
 
 
-def first_arm_of(pair: int) -> int:
-    """0 (baseline first) for even pairs, 1 for odd ones: the order alternates pair by pair."""
-    return pair % 2
+def first_arm_of(wave_in_round: int, round_index: int) -> int:
+    """0 (baseline first) or 1: the order alternates wave by wave within a round, and the arm that opens a
+    round alternates round by round, so neither arm always takes the first wave after the warm-ups."""
+    return (wave_in_round + round_index) % 2
 
 
 def wave_size(cfg: BenchConfig) -> int:
@@ -69,12 +74,13 @@ def wave_size(cfg: BenchConfig) -> int:
 class PairedReplay:
     """Per arm, in request order: results and wall windows (time_ns sent, done), which attribute in-server
     host time to requests; per arm, busy seconds (the sum of its waves' spans: its share of the wall time);
-    per request, its wave's number over all rounds."""
+    per request, its wave's number over all rounds and the arm that went first in it."""
 
     results: list[list[RequestResult]]
     walls: list[list[tuple[int, int]]]
     busy: list[float]
     waves: list[int]
+    first: list[int]
 
 
 async def replay_pairs(
@@ -87,7 +93,9 @@ async def replay_pairs(
     size = wave_size(cfg)
     requests = workload.requests
     wave0 = round_index * math.ceil(len(requests) / size)
-    out = PairedReplay(results=[[], []], walls=[[], []], busy=[0.0, 0.0], waves=[])
+    out = PairedReplay(results=[[], []], walls=[[], []], busy=[0.0, 0.0], waves=[], first=[])
+    if cfg.run.pair_gap_s:
+        await asyncio.sleep(cfg.run.pair_gap_s)  # the server warmed up last: its readers stop spinning
     async with make_session(config) as session:
         t0 = time.perf_counter()
 
@@ -101,7 +109,7 @@ async def replay_pairs(
         for w, k0 in enumerate(range(0, len(requests), size)):
             wave = requests[k0:k0 + size]
             bodies = [encode_body(cfg.model.path, req, config) for req in wave]
-            first = first_arm_of(wave0 + w)
+            first = first_arm_of(w, round_index)
             for arm in (first, 1 - first):
                 if arm != first and cfg.run.pair_gap_s:
                     await asyncio.sleep(cfg.run.pair_gap_s)  # the first server's readers stop spinning
@@ -112,6 +120,7 @@ async def replay_pairs(
                     out.results[arm].append(res)
                     out.walls[arm].append(wall)
             out.waves += [wave0 + w] * len(wave)
+            out.first += [first] * len(wave)
             bar.update(len(wave))
     return out
 
@@ -143,7 +152,7 @@ def run_round(cfg: BenchConfig, workload: Workload, round_index: int) -> list[di
             for a, run in enumerate(runs):
                 walls, waves = replay.walls[a], replay.waves
                 extra = [{"pair": pair0 + k, "wave": waves[k], "round": round_index,
-                          "first": first_arm_of(waves[k]) == a,
+                          "first": replay.first[k] == a,
                           "wall_start_ns": walls[k][0], "wall_end_ns": walls[k][1]}
                          for k in range(len(replay.results[a]))]  # fmt: skip
                 run.finish(replay.results[a], replay.busy[a], extra)

@@ -15,17 +15,21 @@ from pathlib import Path
 from typing import Any
 
 from harness.analysis.compare import HOST_COMPONENTS, STEP_PARTS
-from harness.analysis.runs import load_runs
+from harness.analysis.runs import load_runs, ok_runs
 from harness.analysis.statistics import DIRECTION_VERDICTS
-from harness.config import SavedConfig
+from harness.config import ARM_NAMES, SavedConfig
 from harness.designs.paired import slot_lines
 from harness.files import read_json, write_json
 from harness.regime.collect import REPO
 from harness.regime.gpu_text import fmt
 
-__all__ = ["PAIRED_SCHEMA", "paired_answer", "paired_problems", "paired_section", "record", "step_table"]
+__all__ = [
+    "PAIRED_SCHEMA", "opening_bias", "openers", "paired_answer", "paired_problems", "paired_section",
+    "record", "step_table",
+]  # fmt: skip
 
 PAIRED_SCHEMA = "tagma-paired-run/1"
+BIASED = " (biased opening)"  # the table's mark on a run taken before the opening pause (opening_bias)
 HOST_ROWS = ("kv_manager_us_per_request", "worker_prepare_us_per_request")
 # A busy step whole, per step (mean): the scheduler's parts, the worker's preparation, execute_model's parts.
 STEP_ROWS = tuple(f"{name}_us_per_step_mean" for name in (*HOST_COMPONENTS, *STEP_PARTS))
@@ -64,6 +68,7 @@ def record(run_dir: Path) -> dict[str, Any]:
     workload = config.section("workload")
     run = config.section("run")
     extra = config.section("server").get("extra_args") or []
+    runs = load_runs(run_dir)
     rec = {
         "schema": PAIRED_SCHEMA,
         "run_id": run_dir.name,
@@ -84,11 +89,35 @@ def record(run_dir: Path) -> dict[str, Any]:
         "primary": [_row(r) for r in summary["ab"] if r.get("primary")],
         "host": [_row(r) for r in summary.get("host_time") or () if r.get("metric") in HOST_ROWS],
         "step": _step_rows(summary.get("host_time") or ()),
-        "slots": slot_lines(load_runs(run_dir), config.backends),
+        "slots": slot_lines(runs, config.backends),
+        "openers": openers(runs, config.backends),
     }
     if problems := paired_problems(rec):
         raise ValueError("; ".join(problems))
     return rec
+
+
+def openers(runs: Sequence[Mapping[str, Any]], backends: Sequence[str]) -> list[str]:
+    """Per round, the arm that took the round's first wave (the first pair's first request), from the
+    baseline's requests."""
+    first: dict[int, tuple[int, bool]] = {}
+    for run in ok_runs(runs, ARM_NAMES[0], backends):
+        for row in run["requests"]:
+            if row.get("round") is None or row.get("first") is None:
+                continue
+            key = int(row["round"])
+            if key not in first or int(row["pair"]) < first[key][0]:
+                first[key] = (int(row["pair"]), bool(row["first"]))
+    return [ARM_NAMES[0] if first[k][1] else ARM_NAMES[1] for k in sorted(first)]
+
+
+def opening_bias(rec: Mapping[str, Any]) -> bool:
+    """Whether the run was taken with the biased opening: before the paired design paused after the warm-ups
+    and let rounds take turns at opening, every round's first wave went to the baseline right after the
+    candidate's warm-up, with the candidate's readers still spinning. Records from before the fix carry no
+    ``openers``; a run of several rounds all opened by one arm is one of them."""
+    opened = rec.get("openers")
+    return opened is None or (len(opened) > 1 and len(set(opened)) == 1)
 
 
 def _metric(r: Mapping[str, Any]) -> str:
@@ -117,19 +146,29 @@ def paired_answer(sources: Mapping[str, Any]) -> list[str]:
     if not runs:
         return []
     lines = []
-    for rec in runs:
+    biased = [rec for rec in runs if opening_bias(rec)]
+    clean = [rec for rec in runs if not opening_bias(rec)]
+    for rec in clean:
         calls = [r for r in rec["primary"] if r["verdict"] in DIRECTION_VERDICTS]
         if not calls:
             continue
         what = "false verdicts between identical servers" if _aa(rec) else "supported differences"
         listed = "; ".join(f"{r['metric']} {_metric(r)}" for r in calls)
         lines.append(f"- Paired run {rec['run_id']} ({_label(rec)}), {what}: {listed}.")
-    aa_tests = [r for rec in runs if _aa(rec) for r in rec["primary"]]
+    aa_tests = [r for rec in clean if _aa(rec) for r in rec["primary"]]
     false = [r for r in aa_tests if r["verdict"] in DIRECTION_VERDICTS]
     lines.append(
-        f"- Paired runs: {len(runs)} (section 'Paired runs'); their A/As made {len(false)} false verdicts in "
-        f"{len(aa_tests)} metric tests."
+        f"- Paired runs: {len(clean)} with the opening pause (section 'Paired runs'); their A/As made "
+        f"{len(false)} false verdicts in {len(aa_tests)} metric tests."
     )
+    if biased:
+        called = sum(any(r["verdict"] in DIRECTION_VERDICTS for r in rec["primary"]) for rec in biased)
+        lines.append(
+            f"- {len(biased)} paired runs were taken with the biased opening (every round's first wave "
+            "went to the baseline while the candidate's server, warmed up last, still spun), "
+            f"{called} of them with verdicts: they are kept in section 'Paired runs', marked, and none of "
+            "their verdicts is counted here."
+        )
     return lines
 
 
@@ -160,7 +199,8 @@ def paired_section(sources: Mapping[str, Any]) -> list[str]:
         git = env.get("git") or {}
         commit = str(git.get("commit"))[:7] + (" (dirty)" if git.get("dirty") else "")
         lines.append(
-            f"| {rec['run_id']} | {'A/A' if _aa(rec) else 'A/B'} | {_label(rec)} | " + " | ".join(cells)
+            f"| {rec['run_id']} | {'A/A' if _aa(rec) else 'A/B'}{BIASED if opening_bias(rec) else ''} "
+            f"| {_label(rec)} | " + " | ".join(cells)
             + f" | {parts[0]} | {parts[1]} | {commit}, {env.get('cpu')} {isa} |"
         )
     lines += ["", "The order within each run's pairs (each arm's TTFT when it went first and second):", ""]

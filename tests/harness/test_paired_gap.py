@@ -20,12 +20,13 @@ from tests.harness.test_faults import _ids_request
 
 def _sent_times(monkeypatch: pytest.MonkeyPatch, gap_s: float, pairs: int, wave: int = 1,
                 round_index: int = 0) -> list[tuple[str, float, float]]:  # fmt: skip
-    """(url, sent, done) of every request the design sends, the servers faked by a 10 ms answer."""
+    """(url, sent, done) of every request the design sends, the servers faked by a 10 ms answer; the first
+    entry is ("start", t, t): when the replay was called."""
     cfg = _compose("run=ci", f"run.pair_gap_s={gap_s}", "load=closed", f"load.max_concurrency={wave}")
     rng = np.random.default_rng(0)
     workload = Workload(spec=cfg.workload, warmup=[], provenance={},
                         requests=[_ids_request(i, rng, 8, 4) for i in range(pairs)])  # fmt: skip
-    log: list[tuple[str, float, float]] = []
+    log: list[tuple[str, float, float]] = [("start", time.perf_counter(), time.perf_counter())]
 
     async def answer(session: object, url: str, body: bytes, res: RequestResult, *_: object) -> RequestResult:
         sent = time.perf_counter()
@@ -38,7 +39,26 @@ def _sent_times(monkeypatch: pytest.MonkeyPatch, gap_s: float, pairs: int, wave:
     with tqdm(disable=True) as bar:
         replay = asyncio.run(paired.replay_pairs(cfg, ("http://a", "http://b"), workload, round_index, bar))
     assert [len(r) for r in replay.results] == [pairs, pairs] and len(replay.waves) == pairs
-    return log
+    assert len(replay.first) == pairs
+    return log[1:]
+
+
+def test_the_first_wave_waits_until_the_warm_ups_stop_spinning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both servers were just warmed up: the round's first wave waits the gap too, so the server warmed up
+    last is not spinning beside it."""
+    gap = 0.2
+    start = time.perf_counter()
+    log = _sent_times(monkeypatch, gap, pairs=2)
+    assert log[0][1] - start >= gap
+
+
+@pytest.mark.parametrize("waves_per_round", [2, 3])
+def test_rounds_take_turns_at_opening(monkeypatch: pytest.MonkeyPatch, waves_per_round: int) -> None:
+    """Whatever the number of waves in a round, round 0 opens with the baseline and round 1 with the
+    candidate (an even count used to keep every round opening with the baseline)."""
+    for round_index, url in ((0, "http://a"), (1, "http://b"), (2, "http://a")):
+        log = _sent_times(monkeypatch, 0.0, pairs=2 * waves_per_round, wave=2, round_index=round_index)
+        assert log[0][0].startswith(url)
 
 
 def test_a_pairs_second_request_waits_the_gap_and_its_first_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,8 +74,7 @@ def test_a_pairs_second_request_waits_the_gap_and_its_first_does_not(monkeypatch
 
 def test_a_wave_goes_to_one_server_at_once_and_then_to_the_other(monkeypatch: pytest.MonkeyPatch) -> None:
     """At concurrency 3 the unit is a wave: its 3 prompts are all sent before any answers, to one server;
-    the other gets them only after all 3 answered and the gap; the first server alternates wave by wave,
-    and the next round goes on with the alternation where the last left it."""
+    the other gets them only after all 3 answered and the gap; the first server alternates wave by wave."""
     gap = 0.1
     log = _sent_times(monkeypatch, gap, pairs=7, wave=3)  # waves of 3, 3 and 1
     order = "".join(u.split("/")[2] for u, _, _ in log)
@@ -64,8 +83,6 @@ def test_a_wave_goes_to_one_server_at_once_and_then_to_the_other(monkeypatch: py
         wave = log[w0:w0 + 3]
         assert max(t for _, t, _ in wave) < min(d for _, _, d in wave)
     assert log[3][1] - max(d for _, _, d in log[:3]) >= gap
-    # round 1 of a 7-prompt workload starts at wave 3 (3 waves a round): b goes first
-    assert _sent_times(monkeypatch, 0.0, pairs=7, wave=3, round_index=1)[0][0].startswith("http://b")
 
 
 def test_no_gap_sends_back_to_back(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -276,6 +276,41 @@ def test_a_paired_runs_record_and_its_findings_rows(tmp_path: Path) -> None:
         paired_text.record(abba_root)
 
 
+def test_a_paired_run_taken_with_the_biased_opening_is_marked_and_not_counted() -> None:
+    """Before the opening pause every round's first wave went to the baseline beside the candidate's
+    spinning warm-up: such records (all rounds opened by one arm, or no openers recorded) are marked in the
+    table and their verdicts are left out of the answer."""
+    from harness.regime import paired_text
+
+    def rows(opened: list[str]) -> list[dict]:  # the baseline's requests, 2 pairs a round
+        return [{"round": r, "pair": 2 * r + k, "first": (k == 0) == (arm == "baseline")}
+                for r, arm in enumerate(opened) for k in (1, 0)]  # fmt: skip
+
+    opened = ["baseline", "candidate"]
+    runs = [{"status": "ok", "arm": "baseline", "backend": "paged", "requests": rows(opened)}]
+    assert paired_text.openers(runs, ("paged", "tagma")) == ["baseline", "candidate"]
+    primary = [{"metric": "mean_tpot_ms", "ratio": 0.9, "ci_low": 0.85, "ci_high": 0.95, "p_adjusted": 0.01,
+                "verdict": "faster", "samples": 8}]  # fmt: skip
+    cell = {"prompt_tokens": [1024, 1024], "output_tokens": 64, "prefix_caching": False, "requests": 8,
+            "concurrency": 1, "rounds": 2, "pair_gap_s": 1.5}  # fmt: skip
+    base = {"schema": paired_text.PAIRED_SCHEMA, "design": "paired", "kind": "A/B", "model": "m",
+            "cell": cell, "backends": ["paged", "tagma"], "primary": primary, "host": [], "step": [],
+            "slots": [], "environment": {}}  # fmt: skip
+    old = {**base, "run_id": "old"}  # a record from before the openers were recorded
+    same = {**base, "run_id": "same", "openers": ["baseline", "baseline"]}
+    turns = {**base, "run_id": "turns", "openers": ["baseline", "candidate"]}
+    one = {**base, "run_id": "one", "openers": ["baseline"]}
+    assert [paired_text.opening_bias(r) for r in (old, same, turns, one)] == [True, True, False, False]
+    sources = {"paired_runs": [old, same, turns]}
+    answer = "\n".join(paired_text.paired_answer(sources))
+    assert "Paired run turns" in answer and "Paired run old" not in answer and "Paired run same" not in answer
+    assert "Paired runs: 1 with the opening pause" in answer
+    assert "2 paired runs were taken with the biased opening" in answer
+    assert "2 of them with verdicts" in answer
+    section = "\n".join(paired_text.paired_section(sources))
+    assert "| old | A/B (biased opening) |" in section and "| turns | A/B |" in section
+
+
 def test_a_paired_runs_step_table_sums_the_whole_step() -> None:
     """The whole step's rows are kept only when every part is there; the table sums them per arm."""
     from harness.regime import paired_text
