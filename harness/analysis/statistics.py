@@ -363,6 +363,8 @@ def compare_pairs(
     b, c, u = b[keep], c[keep], u[keep]
     n = len(b)
     starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]]) if n else np.zeros(0, dtype=int)
+    if len(starts) != len(np.unique(u)):
+        raise ValueError("units: a unit's pairs must be consecutive (a label recurs after another)")
     method = "paired by request, batch jackknife t" + (" over whole waves" if len(starts) < n else "")
 
     def make(**kw: object) -> Comparison:

@@ -192,6 +192,10 @@ def test_pairs_in_waves_keep_each_wave_in_one_jackknife_batch() -> None:
     assert one.verdict == "inconclusive" and "1 unit(s)" in (one.reason or "")
     with pytest.raises(ValueError, match="one label per pair"):
         compare_pairs("x", base, cand, "mean", units=np.arange(3))
+    recurs = units.copy()
+    recurs[2 * size:3 * size] = 0  # wave 0's label again after wave 1's pairs
+    with pytest.raises(ValueError, match="must be consecutive"):
+        compare_pairs("x", base, cand, "mean", units=recurs)
 
 
 # --- Holm -------------------------------------------------------------------------------------------
