@@ -51,10 +51,14 @@ class Lifetime:
     num_tokens: np.ndarray
     forward_us: np.ndarray
 
+    def mask(self, kind: str) -> np.ndarray:
+        """The steps of ``kind``."""
+        decode = self.num_tokens == self.num_reqs
+        return {"all": np.ones_like(decode), "decode": decode, "prefill": ~decode}[kind]
+
     def by_key(self, kind: str) -> dict[tuple[int, int], np.ndarray]:
         """Forward times per (requests, tokens) key, over the steps of ``kind``."""
-        decode = self.num_tokens == self.num_reqs
-        keep = {"all": np.ones_like(decode), "decode": decode, "prefill": ~decode}[kind]
+        keep = self.mask(kind)
         out: dict[tuple[int, int], list[float]] = {}
         for r, t, f in zip(self.num_reqs[keep], self.num_tokens[keep], self.forward_us[keep], strict=True):
             out.setdefault((int(r), int(t)), []).append(float(f))
@@ -100,9 +104,12 @@ class StepMix:
         return next(r for r in self.rows if r.kind == kind)
 
 
-def _sums(base: Lifetime, cand: Lifetime, kind: str, stat: str) -> tuple[float, float, int, int]:
-    """Weighted forward of each arm over the keys both ran (weights min of the counts), and the baseline's
-    matched and total steps."""
+# Per lifetime pair: the weighted forward of each arm over the keys both ran (weights the smaller count),
+# and the baseline's matched and total steps.
+Sums = tuple[float, float, int, int]
+
+
+def _sums(base: Lifetime, cand: Lifetime, kind: str, stat: str) -> Sums:
     fn = np.mean if stat == "mean" else np.median
     a, b = base.by_key(kind), cand.by_key(kind)
     sa = sb = 0.0
@@ -115,21 +122,18 @@ def _sums(base: Lifetime, cand: Lifetime, kind: str, stat: str) -> tuple[float, 
     return sa, sb, matched, sum(len(v) for v in a.values())
 
 
-def _ratio(pairs: Sequence[tuple[Lifetime, Lifetime]], kind: str, stat: str) -> float:
-    sums = [_sums(a, b, kind, stat) for a, b in pairs]
+def _ratio(sums: Sequence[Sums]) -> float:
     num, den = sum(s[1] for s in sums), sum(s[0] for s in sums)
     return num / den if den > 0 else float("nan")
 
 
-def _jackknife(
-    pairs: Sequence[tuple[Lifetime, Lifetime]], kind: str, alpha: float
-) -> tuple[float, float] | None:
+def _jackknife(sums: Sequence[Sums], alpha: float) -> tuple[float, float] | None:
     """The equal-step ratio's interval: leave one lifetime pair out, on logs."""
-    n = len(pairs)
+    n = len(sums)
     if n < 3:
         return None
-    full = np.log(_ratio(pairs, kind, "mean"))
-    loo = np.log([_ratio([p for j, p in enumerate(pairs) if j != i], kind, "mean") for i in range(n)])
+    full = np.log(_ratio(sums))
+    loo = np.log([_ratio([p for j, p in enumerate(sums) if j != i]) for i in range(n)])
     if not np.all(np.isfinite(loo)):
         return None
     se = float(np.sqrt((n - 1) / n * np.sum((loo - loo.mean()) ** 2)))
@@ -138,8 +142,7 @@ def _jackknife(
 
 
 def _steps_of(lives: Sequence[Lifetime], kind: str) -> np.ndarray:
-    parts = [np.concatenate(list(x.by_key(kind).values())) for x in lives if x.by_key(kind)]
-    return np.concatenate(parts) if parts else np.zeros(0)
+    return np.concatenate([x.forward_us[x.mask(kind)] for x in lives])
 
 
 def split(pairs: Sequence[tuple[Lifetime, Lifetime]], run_id: str = "", backends: Sequence[str] = ("", ""),
@@ -153,17 +156,17 @@ def split(pairs: Sequence[tuple[Lifetime, Lifetime]], run_id: str = "", backends
         fa, fb = _steps_of([a for a, _ in pairs], kind), _steps_of([b for _, b in pairs], kind)
         if not fa.size or not fb.size:
             continue
-        equal = _ratio(pairs, kind, "mean")
-        all_steps = float(fb.mean() / fa.mean())
-        ci = _jackknife(pairs, kind, alpha)
         sums = [_sums(a, b, kind, "mean") for a, b in pairs]
+        equal = _ratio(sums)
+        all_steps = float(fb.mean() / fa.mean())
+        ci = _jackknife(sums, alpha)
         rows.append(SplitRow(
             kind=kind, steps_baseline=int(fa.size), steps_candidate=int(fb.size),
             forward_us_baseline=float(fa.mean()), forward_us_candidate=float(fb.mean()),
             share_of_forward_baseline=float(fa.sum() / base_all) if base_all > 0 else float("nan"),
             all_steps=all_steps, equal_steps=equal,
             equal_steps_low=ci[0] if ci else None, equal_steps_high=ci[1] if ci else None,
-            equal_steps_median=_ratio(pairs, kind, "median"), mix=all_steps / equal,
+            equal_steps_median=_ratio([_sums(a, b, kind, "median") for a, b in pairs]), mix=all_steps / equal,
             matched_share=sum(s[2] for s in sums) / max(1, sum(s[3] for s in sums)),
         ))  # fmt: skip
     return StepMix(run_id=run_id, backends=(str(backends[0]), str(backends[1])), part=part, pairs=len(pairs),
