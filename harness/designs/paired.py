@@ -312,6 +312,19 @@ def host_rows(component: str, steps: HostSteps, n_boot: int) -> list[Comparison]
                                 runs_candidate=len(steps[ARM_NAMES[1]]))]  # fmt: skip
 
 
+def openers(runs: Sequence[Mapping], backends: Sequence[str]) -> list[str]:
+    """Per round, the arm that took the round's first wave (its first pair's first request), read from the
+    baseline's rows."""
+    first: dict[int, tuple[int, bool]] = {}
+    for row in _paired_rows(runs, backends, ARM_NAMES[0]):
+        if row.get("round") is None or row.get("first") is None:
+            continue
+        key, pair = int(row["round"]), int(row["pair"])
+        if key not in first or pair < first[key][0]:
+            first[key] = (pair, bool(row["first"]))
+    return [ARM_NAMES[0] if first[k][1] else ARM_NAMES[1] for k in sorted(first)]
+
+
 SLOW_FACTOR = 5.0  # slow: a TTFT this many times the arm's faster slot median
 
 

@@ -15,17 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from harness.analysis.compare import HOST_COMPONENTS, STEP_PARTS
-from harness.analysis.runs import load_runs, ok_runs
+from harness.analysis.runs import load_runs
 from harness.analysis.statistics import DIRECTION_VERDICTS
-from harness.config import ARM_NAMES, SavedConfig
-from harness.designs.paired import slot_lines
+from harness.config import SavedConfig
+from harness.designs.paired import openers, slot_lines
 from harness.files import read_json, write_json
 from harness.regime.collect import REPO
 from harness.regime.gpu_text import fmt
 
 __all__ = [
-    "PAIRED_SCHEMA", "opening_bias", "openers", "paired_answer", "paired_problems", "paired_section",
-    "record", "step_table",
+    "PAIRED_SCHEMA", "opening_bias", "paired_answer", "paired_problems", "paired_section", "record",
+    "step_table",
 ]  # fmt: skip
 
 PAIRED_SCHEMA = "tagma-paired-run/1"
@@ -95,20 +95,6 @@ def record(run_dir: Path) -> dict[str, Any]:
     if problems := paired_problems(rec):
         raise ValueError("; ".join(problems))
     return rec
-
-
-def openers(runs: Sequence[Mapping[str, Any]], backends: Sequence[str]) -> list[str]:
-    """Per round, the arm that took the round's first wave (the first pair's first request), from the
-    baseline's requests."""
-    first: dict[int, tuple[int, bool]] = {}
-    for run in ok_runs(runs, ARM_NAMES[0], backends):
-        for row in run["requests"]:
-            if row.get("round") is None or row.get("first") is None:
-                continue
-            key = int(row["round"])
-            if key not in first or int(row["pair"]) < first[key][0]:
-                first[key] = (int(row["pair"]), bool(row["first"]))
-    return [ARM_NAMES[0] if first[k][1] else ARM_NAMES[1] for k in sorted(first)]
 
 
 def opening_bias(rec: Mapping[str, Any]) -> bool:

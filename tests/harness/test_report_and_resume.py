@@ -10,7 +10,7 @@ import pytest
 
 from harness import report, runner
 from harness.config import BenchConfig, ModelConfig, RunConfig, ServerConfig
-from harness.designs import abba
+from harness.designs import abba, paired
 from harness.files import read_json, write_json, write_jsonl
 from harness.workload.arrivals import LoadSpec
 from harness.workload.lengths import LengthDist
@@ -288,7 +288,7 @@ def test_a_paired_run_taken_with_the_biased_opening_is_marked_and_not_counted() 
 
     opened = ["baseline", "candidate"]
     runs = [{"status": "ok", "arm": "baseline", "backend": "paged", "requests": rows(opened)}]
-    assert paired_text.openers(runs, ("paged", "tagma")) == ["baseline", "candidate"]
+    assert paired.openers(runs, ("paged", "tagma")) == ["baseline", "candidate"]
     primary = [{"metric": "mean_tpot_ms", "ratio": 0.9, "ci_low": 0.85, "ci_high": 0.95, "p_adjusted": 0.01,
                 "verdict": "faster", "samples": 8}]  # fmt: skip
     cell = {"prompt_tokens": [1024, 1024], "output_tokens": 64, "prefix_caching": False, "requests": 8,
