@@ -41,14 +41,15 @@ setup-vllm033:
 # tagma against vLLM 0.33's code without a GPU: vLLM 0.33's own scheduler tests (AsyncScheduler included)
 # with tagma's managers against stock's pass set as recorded for the release (lists/0.33.0/stock_passed.json:
 # 6 minutes less; `make test` runs vLLM 0.32's stock live and checks its record); the plugin, the
-# fail-closed refusals and the families' verdicts on 0.33 configs; Model Runner V2's real BlockTables against
+# fail-closed refusals, the group prefix manager's lockstep with 0.33's coordinator (its EAGLE window rules
+# differ from 0.32's) and the families' verdicts on 0.33 configs; Model Runner V2's real BlockTables against
 # tagma's under Triton's interpreter. Three processes: the interpreter must be on before vLLM's kernels are
 # defined, and off for the rest.
 test-vllm033: setup-vllm033 tiny-model
 	$(ENV033) TAGMA_CONFORMANCE_STOCK=recorded $(PY033) -m pytest -p no:cacheprovider tests/conformance
 	$(ENV033) $(PY033) -m pytest -p no:cacheprovider tests/tagma/test_plugin.py tests/tagma/test_fail_closed.py \
-		tests/tagma/test_prefix_manager_hash_contract.py tests/harness/test_gpu_preflight.py \
-		tests/harness/test_tiny_families.py -m "not slow"
+		tests/tagma/test_prefix_manager_hash_contract.py tests/tagma/test_group_prefix_manager.py \
+		tests/harness/test_gpu_preflight.py tests/harness/test_tiny_families.py -m "not slow"
 	$(ENV033) TRITON_INTERPRET=1 $(PY033) -m pytest -p no:cacheprovider tests/tagma/test_mrv2_block_tables.py \
 		tests/tagma/test_write_path_triton.py
 

@@ -1,10 +1,13 @@
 """Fail closed: the configurations tagma refuses, checked on the VllmConfig before any model loads.
 
 tagma serves one full-attention or MLA KV cache group (prefix caching on or off), full-attention,
-sliding-window and state (Mamba/GDN) groups with prefix caching off, and sliding-window groups beside a
-full-attention layer with prefix caching on, written through plain token-to-slot mappings; speculative
-decoding by ngram, a draft model, an EAGLE / EAGLE-3 drafter or a model's MTP layer beside one
-full-attention group. Everything else is refused with one line naming the feature. The KV cache manager
+sliding-window, chunked local and state (Mamba/GDN) groups with prefix caching off, and sliding-window
+groups (beside one full-attention group or alone) and chunked local groups (beside one) with prefix caching
+on, written through plain
+token-to-slot mappings; speculative decoding by ngram, a draft model, an EAGLE / EAGLE-3 drafter or a
+model's MTP layer beside one full-attention group, and an EAGLE / EAGLE-3 drafter beside sliding-window
+groups (and chunked local groups with caching off). Everything else is refused with one line naming the
+feature. The KV cache manager
 (``tagma.core.manager``) repeats the group/spec checks on the real ``KVCacheConfig`` in the engine core as a
 backstop for what only model loading reveals. What the model's config already tells about the KV cache
 groups (layer types, sliding windows, chunked attention, per-layer KV shapes) is refused here.
@@ -83,16 +86,14 @@ def _sliding_window(c: Any) -> str | None:
 
 
 def _chunked_local(c: Any) -> str | None:
-    # Chunked local attention groups (Llama 4's RoPE layers): the range-native group manager with prefix
-    # caching off, a window whose start jumps chunk by chunk (tagma.core.group_range_manager). Caching on: the
-    # group prefix manager caches windows' blocks only, so it is refused.
+    # Chunked local attention groups (Llama 4's RoPE layers beside global NoPE layers): the range-native group
+    # managers, a window whose start jumps chunk by chunk, prefix caching off (tagma.core.group_range_manager)
+    # or on (tagma.core.group_prefix_manager: the chunked group's cached blocks kept at the full group's
+    # prefix index; a layout with no full group is refused at construction).
     chunk = getattr(c.model_config, "attention_chunk_size", None)
     if chunk is None:
         return None
-    kind = f"chunked local attention (attention_chunk_size={chunk})"
-    if c.cache_config.enable_prefix_caching:
-        return f"{kind} with prefix caching on (tagma serves it with --no-enable-prefix-caching)"
-    return _block_object_manager(kind)
+    return _block_object_manager(f"chunked local attention (attention_chunk_size={chunk})")
 
 
 def _layer_types(c: Any) -> str | None:
@@ -144,10 +145,13 @@ def _diffusion(c: Any) -> str | None:
 # vLLM's EAGLE path with the target's layers as the drafter) is the same for the KV cache where its layers'
 # KV joins the target's one group and each drafter reads one prefill token ahead; multi-module MTP (a
 # module per speculative token, each reading one token further) and the block drafters: refused. Beside a
-# target's sliding-window or chunked local groups the drafter's full-attention layer is a group of vLLM's
-# grouping (the target's full group, or one of its own): with prefix caching off the group range manager
-# serves it, lookahead slots in every group as vLLM's managers take them (use_eagle changes only hit rules);
-# with caching on (vLLM's EAGLE hit rules per window group) it is refused.
+# target's sliding-window groups the drafter's layer takes the target's model-level window (vLLM's Attention
+# falls back to cache_config.sliding_window) and joins a window group of vLLM's grouping; beside chunked
+# local groups it is a full-attention layer (the target's full group or one of its own). With prefix caching
+# off the group range manager serves both, lookahead slots in every group as vLLM's managers take them
+# (use_eagle changes only hit rules); with caching on beside sliding windows the group prefix manager serves
+# it (vLLM marks no group for an EAGLE drafter, so every group takes vLLM's EAGLE hit rule); beside chunked
+# groups caching on is refused (vLLM's chunked hit rule asserts no EAGLE drop).
 SERVED_SPECULATIVE_METHODS = ("ngram", "draft_model")
 EAGLE_METHODS = ("eagle", "eagle3", "mtp")
 
@@ -162,21 +166,20 @@ def _kv_shape(config: Any) -> tuple[Any, Any]:
 
 def _eagle_outside_one_group(c: Any) -> str | None:
     """Why an EAGLE drafter would not be served beside the target's KV cache groups, or None: served beside
-    one full-attention group, and beside sliding-window or chunked local groups with prefix caching off."""
+    one full-attention group, beside sliding-window groups and beside chunked local groups with prefix
+    caching off."""
     mc = c.model_config
     layer_types = set(getattr(mc.hf_text_config, "layer_types", None) or ())
     if mc.is_hybrid or mc.use_mla or (layer_types - _FULL_ATTENTION_LAYER_TYPES - _WINDOW_LAYER_TYPES):
         return "a target with state layers, MLA or layer types other than attention"
-    windows = (mc.get_sliding_window(), getattr(mc, "attention_chunk_size", None))
-    windowed = any(w is not None for w in windows) or layer_types & _WINDOW_LAYER_TYPES
-    if windowed and c.cache_config.enable_prefix_caching:
-        return (
-            "prefix caching on beside sliding-window or chunked local attention groups (tagma serves it with "
-            "--no-enable-prefix-caching)"
-        )
     draft = getattr(c.speculative_config.draft_model_config, "hf_text_config", None)
     if draft is not None and _kv_shape(draft) != _kv_shape(mc.hf_text_config):
         return "a drafter whose KV shape differs from the target's (a KV cache group of its own)"
+    if getattr(mc, "attention_chunk_size", None) is not None and c.cache_config.enable_prefix_caching:
+        return (
+            "prefix caching on beside chunked local attention groups (vLLM's chunked hit rule has no EAGLE "
+            "drop; tagma serves it with --no-enable-prefix-caching)"
+        )
     return None
 
 

@@ -1,5 +1,5 @@
-"""Prefix caching across KV cache groups: full attention beside sliding windows (gpt-oss, Gemma 3), and
-sliding windows alone (Mistral).
+"""Prefix caching across KV cache groups: full attention beside sliding windows (gpt-oss, Gemma 3) or chunked
+local attention (Llama 4), and sliding windows alone (Mistral).
 
 :class:`GroupPrefixKVCacheManager` is the group manager (:mod:`tagma.core.group_range_manager`: one engine
 request per (request, group), a window's start advancing with one engine call) plus the engine's hash-less
@@ -23,9 +23,17 @@ can see them:
 * admission: vLLM's per-group arithmetic, cache-only hit blocks counted against the free blocks; the hit's
   window blocks before the window are not attached (vLLM pads them with the null block).
 
+* a chunked local attention group (Llama 4's RoPE layers) beside the full group: a side group like a window,
+  every block cached (vLLM's dense mask), its hit ``ChunkedLocalAttentionManager``'s: null blocks before the
+  chunk the candidate ends in, then the cached run from there;
+* an EAGLE drafter (``use_eagle``): vLLM's rule in each EAGLE group: the hit's last block dropped, a window's
+  run one block longer, after looking one block past the candidate (the hybrid coordinator's margin) and
+  once per candidate length; a window's retention shifted by that block and the replay boundaries moved back.
+
 Scope: at most one full-attention group (its trie keys the windows' blocks; without one, content keys do),
-sliding-window groups, one block size, LRU or contiguous eviction. Refused by name: state layers with caching
-on (state checkpoints), EAGLE/MTP, KV events (no hashes to publish).
+sliding-window groups, chunked groups beside the full group, one block size, LRU or contiguous eviction.
+Refused by name: state layers with caching on (state checkpoints), chunked groups with no full group or
+beside an EAGLE drafter, KV events (no hashes to publish).
 ``estimate_cached_tokens`` (a prefill statistic) reports the full group's cached prefix.
 """
 
@@ -36,9 +44,14 @@ import os
 from typing import Any
 
 import numpy as np
+import vllm
 from vllm.v1.core.kv_cache_coordinator import replay_boundaries
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, SlidingWindowManager
+from vllm.v1.core.single_type_kv_cache_manager import (
+    ChunkedLocalAttentionManager,
+    FullAttentionManager,
+    SlidingWindowManager,
+)
 from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -49,6 +62,7 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.request import Request
 
 from tagma.contract import DEFAULT_PREFIX_EVICTION, ENV_PREFIX_EVICTION
+from tagma.core.group_hits import GroupHitBlocks, eagle_groups, hit_length, reconcile
 from tagma.core.group_range_manager import GroupRangeKVCacheManager, GroupRangeRelease, _Held
 from tagma.core.manager import NO_TOKENS_MESSAGE, SIGNATURE, WAITING_STATUSES, TagmaKVCacheManager
 from tagma.core.prefix_manager import _no_hash_lookups, request_namespace
@@ -60,6 +74,9 @@ from tagma.errors import TagmaUnsupported
 __all__ = ["GroupHitBlocks", "GroupPrefixKVCacheManager", "GroupPrefixRelease"]
 
 _LOST = 1 << 62  # the full group's walk was lost (its node evicted): nothing more is cached for the request
+# vLLM 0.33's cache_blocks also keeps an EAGLE window's tail one block below a shared-prefix junction (a
+# sibling that diverges right after the junction has no peek block there); 0.32 keeps the junction's only.
+_EAGLE_JUNCTION_BELOW = tuple(int(part) for part in vllm.__version__.split(".")[:2]) >= (0, 33)
 
 
 def _sync_free(pool: Any) -> None:
@@ -83,76 +100,6 @@ class GroupPrefixRelease(GroupRangeRelease):
             _sync_free(pool)
 
 
-class GroupHitBlocks(KVCacheBlocks):
-    """A prefix-cache hit over every group: per group, null blocks before the window, then the hit ids."""
-
-    __slots__ = ("_groups", "_pool", "keys")
-
-    def __init__(
-        self, groups: tuple[tuple[int, np.ndarray], ...], pool: Any, keys: KeyArray | None = None
-    ) -> None:
-        self._groups = groups
-        self._pool = pool
-        self.keys = keys  # content-keyed groups: the lookup's block keys (the chain goes on from the hit's)
-
-    def _ids(self, g: int) -> list[int]:
-        dropped, ids = self._groups[g]
-        return [self._pool.null_block.block_id] * dropped + ids.tolist()
-
-    @property
-    def blocks(self) -> tuple[list[Any], ...]:  # type: ignore[override]
-        table = self._pool.blocks
-        return tuple([table[i] for i in self._ids(g)] for g in range(len(self._groups)))
-
-    @property
-    def groups(self) -> tuple[tuple[int, np.ndarray], ...]:
-        return self._groups
-
-    def get_block_ids(  # type: ignore[override]
-        self, allow_none: bool = False, *, group_ids: Any = None
-    ) -> tuple[list[int], ...] | None:
-        chosen = range(len(self._groups)) if group_ids is None else group_ids
-        if allow_none and all(not self._groups[g][0] and not len(self._groups[g][1]) for g in chosen):
-            return None
-        return tuple(self._ids(g) for g in chosen)
-
-    def get_unhashed_block_ids(self) -> list[int]:
-        return []  # every hit block is cached
-
-    def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
-        return [[] for _ in self._groups]
-
-    def new_empty(self) -> KVCacheBlocks:
-        return KVCacheBlocks(tuple(() for _ in self._groups))
-
-    def __repr__(self) -> str:
-        return f"GroupHitBlocks({[(d, ids.tolist()) for d, ids in self._groups]!r})"
-
-
-def _hit_length(group: tuple[int, np.ndarray]) -> int:
-    """A group's hit in blocks: those its window skips (null blocks) and those it holds."""
-    dropped, ids = group
-    return dropped + len(ids)
-
-
-def _window_hit(cached: np.ndarray, limit: int, need: int) -> int:
-    """vLLM's ``SlidingWindowManager.find_longest_cache_hit`` on a row of cached flags (block alignment):
-    the end of the last run of ``need`` cached blocks within ``limit``, else the cached run from block 0."""
-    c = cached[:limit]
-    if 0 < need <= limit and c[limit - need :].all():  # the common case: the run ends at the limit
-        return limit
-    if need <= 0:  # a window of one token: the last cached block (vLLM's loop with a zero-length run)
-        found = np.flatnonzero(c)
-        return int(found[-1]) + 1 if found.size else 0
-    if limit >= need:
-        sums = np.convolve(c.astype(np.int32), np.ones(need, dtype=np.int32), mode="valid")
-        starts = np.flatnonzero(sums == need)
-        if starts.size:
-            return int(starts[-1]) + need
-    misses = np.flatnonzero(~c)
-    return int(misses[0]) if misses.size else limit
-
-
 class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
     """``KVCacheManager`` for prefix caching on over one full-attention group and sliding-window groups.
 
@@ -161,11 +108,13 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
     """
 
     uses_block_hashes = False  # the engine core builds requests without vLLM's block hasher
-    SERVED_SPECS = (FullAttentionSpec, SlidingWindowSpec)
-    SERVED_MANAGERS = (FullAttentionManager, SlidingWindowManager)
-    # EAGLE beside window groups with caching on needs vLLM's hit rule per window group with the last block
-    # dropped (and its retention shift): not built, refused (the group range manager serves caching off).
-    SERVES_EAGLE = False
+    SERVED_SPECS = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec)
+    SERVED_MANAGERS = (FullAttentionManager, SlidingWindowManager, ChunkedLocalAttentionManager)
+    # An EAGLE drafter beside the groups (its layer takes the target's window: a window group): vLLM's EAGLE
+    # rule in its EAGLE groups (every group, as vLLM marks none for a drafter): a hit's last block dropped
+    # (after looking one block past it where the hybrid coordinator does), a window's run one block longer,
+    # its retention shifted by that block, the replay boundaries of use_eagle.
+    SERVES_EAGLE = True
 
     @classmethod
     def unsupported(cls, kv_cache_config: KVCacheConfig, args: dict[str, Any]) -> str | None:
@@ -175,15 +124,18 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
                 "state layers with prefix caching on (state checkpoints, mamba_cache_mode='align'; tagma "
                 "serves them with --no-enable-prefix-caching)"
             )
-        if any(isinstance(g.kv_cache_spec, ChunkedLocalAttentionSpec) for g in groups):
-            return (
-                "chunked local attention with prefix caching on (tagma serves it with "
-                "--no-enable-prefix-caching)"
-            )
         feature = TagmaKVCacheManager.unsupported.__func__(cls, kv_cache_config, args)  # type: ignore[attr-defined]
         if feature is not None:
             return feature
         fulls = sum(type(g.kv_cache_spec) is FullAttentionSpec for g in groups)
+        if any(isinstance(g.kv_cache_spec, ChunkedLocalAttentionSpec) for g in groups):
+            if not fulls:
+                return (
+                    "chunked local attention with prefix caching and no full-attention group (tagma keys a "
+                    "chunked group's cached blocks at the full group's prefix index)"
+                )
+            if eagle_groups(kv_cache_config, args):  # vLLM's chunked hit rule asserts no EAGLE drop
+                return "an EAGLE drafter beside chunked local attention with prefix caching (no vLLM rule)"
         if fulls > 1:
             return f"prefix caching with {fulls} full-attention KV cache groups (tagma's index keys one)"
         if len({g.kv_cache_spec.block_size for g in groups}) > 1:
@@ -226,7 +178,9 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
             (g for g, grp in enumerate(groups) if type(grp.kv_cache_spec) is FullAttentionSpec), None
         )
         self._side = {g: k for k, g in enumerate(self._windows)}  # vLLM group -> side group
-        # vLLM's spec groups: window groups of equal spec are looked up jointly
+        # vLLM's spec groups: window groups of equal spec are looked up jointly, and take the EAGLE drop if
+        # any member is an EAGLE group (vLLM propagates the flag to every member)
+        eagle = eagle_groups(kv_cache_config, arguments)
         spec_groups: list[tuple[Any, list[int]]] = []
         for g in self._windows:
             spec = groups[g].kv_cache_spec
@@ -236,10 +190,21 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
                     break
             else:
                 spec_groups.append((spec, [g]))
+        drops = [any(g in eagle for g in members) for _, members in spec_groups]
+        # (blocks a window's hit needs, members' side groups, EAGLE drop, chunk size in tokens or 0)
         self._spec_groups = tuple(
-            (-(-(spec.sliding_window - 1) // self._bs), tuple(self._side[g] for g in members))
-            for spec, members in spec_groups
+            (0, tuple(self._side[g] for g in members), drop, spec.attention_chunk_size)
+            if isinstance(spec, ChunkedLocalAttentionSpec)
+            else (-(-(spec.sliding_window - 1) // self._bs), tuple(self._side[g] for g in members), drop, 0)
+            for (spec, members), drop in zip(spec_groups, drops, strict=True)
         )
+        self._spec_of_side = {k: i for i, (_, members, _, _) in enumerate(self._spec_groups) for k in members}
+        # per window group (vLLM's id): its manager's use_eagle, which shifts what it caches
+        self._eagle_window = {g: drop for (_, members), drop in zip(spec_groups, drops, strict=True)
+                              for g in members}  # fmt: skip
+        self._eagle_full = self._full is not None and self._full in eagle
+        self._eagle_any = bool(eagle)  # vLLM's replay boundaries shift when any group is an EAGLE group
+        self._eagle_margin = self._eagle_any and len(groups) > 1  # the hybrid coordinator's (not unitary's)
         self._retention = getattr(kv_cache_config, "prefix_cache_retention_interval", 0)
         self.index = PrefixIndex(self.engine, self._bs, mode)
         sides = PrefixSideGroups if self._full is not None else PrefixKeyedGroups
@@ -266,34 +231,14 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
 
     # ---- lookup
 
-    def _skipped_blocks(self, g: int, hit: int) -> int:
-        """Blocks of a hit of ``hit`` blocks that group g's window does not need (vLLM's null padding)."""
-        rule = self._info[g][0]  # (window, 0): this manager serves no chunked group
-        if rule is None:
-            return 0
-        skipped = (hit * self._bs - rule[0] + 1) // self._bs
+    def _skipped_blocks(self, g: int, hit: int, starts: dict[int, int]) -> int:
+        """Blocks of a hit of ``hit`` blocks that group g does not need (vLLM's null padding): a window's
+        before its window; a chunked group's before the chunk its lookup started in (``starts``)."""
+        window, chunk = self._info[g][0]
+        if chunk:
+            return starts[self._spec_of_side[self._side[g]]]
+        skipped = (hit * self._bs - window + 1) // self._bs
         return skipped if skipped > 0 else 0
-
-    def _reconcile(self, full_hit: int, sides: list[np.ndarray]) -> tuple[int, int]:
-        """vLLM's fixed point over the spec groups (full attention first; without it, from the longest hit
-        allowed, ``full_hit``): (hit, longest single-group hit), in blocks."""
-        cached = [s >= 0 for s in sides]
-        joint = [
-            (need, np.logical_and.reduce([cached[k] for k in members])) for need, members in self._spec_groups
-        ]
-        hit = full_hit
-        keyed = self._full is None
-        longest = 0 if keyed else full_hit
-        simple = len(joint) == 1 and not keyed  # vLLM's "simple hybrid": full attention and one other spec
-        while True:
-            curr = hit
-            for need, row in joint:
-                curr = _window_hit(row, curr, need)
-                if curr > longest:
-                    longest = curr
-            if curr >= hit or simple:
-                return curr, longest
-            hit = curr
 
     def get_computed_blocks(
         self, request: Request, max_cache_hit_length: int | None = None, *args: Any, **kwargs: Any
@@ -308,19 +253,28 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         if max_blocks <= 0:
             return self.empty_kv_cache_blocks, 0, 0
         keys = None
+        # EAGLE groups look one block past the longest hit allowed (the hybrid coordinator's margin, within
+        # the request's full blocks; vLLM's unitary coordinator of one group has none), then drop one
+        look = max_blocks
+        if self._eagle_margin and look < request.num_tokens // bs and look < self._max_hit:
+            look += 1
         if self._full is None:  # every layer slides: each group's blocks by content key
-            tokens = self.index.tokens_array(request._all_token_ids, 0, max_blocks * bs)
+            tokens = self.index.tokens_array(request._all_token_ids, 0, look * bs)
             keys = self.sides.keys(self._namespace(request), tokens)
             sides = [self.sides.lookup_keyed(k, keys, tokens) for k in range(len(self._windows))]
             nodes = None
             limit = max_blocks
         else:
-            nodes = self.index.lookup_ids(self._namespace(request), request._all_token_ids, max_blocks)
+            nodes = self.index.lookup_ids(self._namespace(request), request._all_token_ids, look)
             if not len(nodes):
                 return self.empty_kv_cache_blocks, 0, 0
             sides = [self.sides.lookup(k, nodes) for k in range(len(self._windows))]
             limit = len(nodes)
-        hit, longest = self._reconcile(limit, sides)
+            if self._eagle_full:
+                limit -= 1
+            elif limit > max_blocks:
+                limit = max_blocks
+        hit, longest, starts = reconcile(self._spec_groups, limit, sides, self._full is None, bs)
         boundary = longest * bs if longest > hit else 0
         if not hit:
             return self.empty_kv_cache_blocks, 0, boundary
@@ -329,7 +283,7 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
             if g == self._full:
                 groups.append((0, nodes[:hit]))
             else:
-                skipped = self._skipped_blocks(g, hit)
+                skipped = self._skipped_blocks(g, hit, starts)
                 groups.append((skipped, sides[self._side[g]][skipped:hit]))
         return GroupHitBlocks(tuple(groups), self.block_pool, keys), hit * bs, boundary
 
@@ -391,7 +345,7 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         if hit and state is not None:
             raise ValueError(f"request {rid} already holds blocks: no new prefix-cache hit can be adopted")
         if hit and (not isinstance(new_computed_blocks, GroupHitBlocks)
-                    or _hit_length(new_computed_blocks.groups[self._full or 0]) < hit):  # fmt: skip
+                    or hit_length(new_computed_blocks.groups[self._full or 0]) < hit):  # fmt: skip
             raise ValueError(f"{hit} hit blocks announced, not given as this manager's hit")
         max_len = self.max_model_len
         computed = request.num_computed_tokens + num_new_computed_tokens
@@ -491,7 +445,7 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
                                         start * bs, full_blocks * bs)  # fmt: skip
             if gt is not None:
                 gt.stop(self._full, t0)
-        boundaries = list(replay_boundaries(request.num_prompt_tokens, bs, use_eagle=False))
+        boundaries = list(replay_boundaries(request.num_prompt_tokens, bs, use_eagle=self._eagle_any))
         junction = getattr(request, "shared_prefix_boundary", 0)
         if junction:
             boundaries.append(junction)
@@ -501,14 +455,17 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
                 continue
             t0 = gt.start() if gt is not None else 0
             single = self._managers[g]
+            reachable = boundaries
+            if junction and _EAGLE_JUNCTION_BELOW and self._eagle_window[g]:
+                reachable = [*boundaries, junction - bs]
             mask = single.reachable_block_mask(
                 start_block=start,
                 end_block=full_blocks,
                 alignment_tokens=bs,
                 kv_cache_spec=single.kv_cache_spec,
-                use_eagle=False,
+                use_eagle=self._eagle_window[g],
                 retention_interval=self._retention,
-                reachable_boundaries=boundaries,
+                reachable_boundaries=reachable,
             )
             if mask is None or any(mask):
                 bits = None if mask is None else np.asarray(mask)

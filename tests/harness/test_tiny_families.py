@@ -64,10 +64,7 @@ VERDICTS = {
         "serves them with --no-enable-prefix-caching)"
     ]),
     "deepseek-v2": ([], []),  # dense MLA: served
-    "llama4": ([], [  # chunked local attention: served with caching off
-        "chunked local attention (attention_chunk_size=256) with prefix caching on (tagma serves it with "
-        "--no-enable-prefix-caching)"
-    ]),
+    "llama4": ([], []),  # chunked local attention beside full attention: served with caching on or off
 }
 
 
@@ -122,9 +119,10 @@ def test_each_family_is_a_model_option_served_in_the_dtype_it_needs(name: str) -
 
     spec = server_spec(bench, bench.arms[1], Path("/tmp/run"))
     assert spec.dtype == FAMILIES[name].dtype
-    # tagma serves the state-layer and chunked families with prefix caching off (both arms run so); windows,
-    # beside full attention (gpt-oss, Gemma 3) or alone (Mistral), run with vLLM's default, caching on
-    caching_off = name in ("qwen3-next", "llama4")
+    # tagma serves the state-layer family with prefix caching off (both arms run so); windows, beside full
+    # attention (gpt-oss, Gemma 3) or alone (Mistral), and chunked groups (Llama 4) run with vLLM's default,
+    # caching on
+    caching_off = name == "qwen3-next"
     assert ("--no-enable-prefix-caching" in spec.extra_args) == caching_off
     assert server_spec(bench, bench.arms[0], Path("/tmp/run")).extra_args == spec.extra_args
 

@@ -16,7 +16,9 @@ block from the state group's row. Cases:
 - ``gdn``: Qwen3-Next, prefix caching off (state checkpoints are refused), prefill in 512-token chunks, so
   the state carries across chunks;
 - ``chunked-local``: Llama 4, prefix caching off, chunk 256: a request releases its chunked group's blocks
-  at each chunk boundary (one engine call), prefill in 512-token chunks crossing them.
+  at each chunk boundary (one engine call), prefill in 512-token chunks crossing them;
+- ``chunked-local-caching``: the same with prefix caching on (tagma's group prefix manager): a hit needs
+  the chunked group's cached blocks from the chunk its end falls in (null blocks before), as vLLM's rule.
 One request at a time: in bfloat16 (the only dtype these take here) greedy tokens depend on which requests
 share a step. Here a wave of 10 requests, 4 or 6 at a time, differed paged vs paged on 5 to 6 of the 10 (both
 families), so a concurrent equality would test vLLM's batch invariance, not tagma. Preemption is covered on
@@ -68,6 +70,8 @@ CASES = {
     # chunked local attention (chunk 256) beside full attention; prefill chunks of 512 cross its chunks
     "chunked-local": Case("llama4", ("--max-num-batched-tokens", "512", "--no-enable-prefix-caching"),
                           caching=False),
+    # the same with prefix caching on: the chunked group's cached blocks kept at the full group's index
+    "chunked-local-caching": Case("llama4", ("--max-num-batched-tokens", "512"), caching=True),
 }  # fmt: skip
 
 

@@ -96,10 +96,7 @@ def test_hybrid_state_layers_are_served_with_prefix_caching_off(
     """Mamba state layers beside attention (Jamba): refused with caching on (vLLM's state checkpoints),
     served with caching off by the group manager, refused if the block-object manager was asked for."""
     model = craft_model(models, "jamba", **HYBRID_MODEL)
-    assert refusal(model) == expect(
-        "Mamba/hybrid models with prefix caching on (state checkpoints, mamba_cache_mode='align'; tagma "
-        "serves them with --no-enable-prefix-caching)"
-    )
+    assert refusal(model) == expect(HYBRID_WITH_CACHING)
     config = engine_config(model, additional_config=dict(TAGMA), enable_prefix_caching=False)
     assert config.scheduler_config.scheduler_cls == "tagma.core.scheduler.TagmaScheduler"
     monkeypatch.setenv(ENV_RANGE_MANAGER, "0")
@@ -152,15 +149,19 @@ def test_sliding_window_disabled_by_the_user_is_full_attention(models: Path) -> 
 
 
 CHUNKED = "chunked local attention (attention_chunk_size=256)"
-CHUNKED_WITH_CACHING = f"{CHUNKED} with prefix caching on (tagma serves it with --no-enable-prefix-caching)"
+HYBRID_WITH_CACHING = (
+    "Mamba/hybrid models with prefix caching on (state checkpoints, mamba_cache_mode='align'; tagma serves "
+    "them with --no-enable-prefix-caching)"
+)
 
 
 def test_chunked_local_attention(models: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Served with prefix caching off (the group range manager); refused with it on or without ranges."""
+    """Served with prefix caching off (the group range manager) and on (the group prefix manager); refused
+    without ranges."""
     model = craft_model(models, "chunked-local", attention_chunk_size=256)
-    assert refusal(model) == expect(CHUNKED_WITH_CACHING)
-    config = engine_config(model, additional_config=dict(TAGMA), enable_prefix_caching=False)
-    assert config.scheduler_config.scheduler_cls == "tagma.core.scheduler.TagmaScheduler"
+    for caching in (False, True):
+        config = engine_config(model, additional_config=dict(TAGMA), enable_prefix_caching=caching)
+        assert config.scheduler_config.scheduler_cls == "tagma.core.scheduler.TagmaScheduler"
     monkeypatch.setenv(ENV_RANGE_MANAGER, "0")
     assert refusal(model, enable_prefix_caching=False) == expect(
         f"{CHUNKED} with {ENV_RANGE_MANAGER}=0 (the block-object manager serves one group)"
@@ -248,18 +249,29 @@ def test_an_eagle_drafter_sharing_the_target_s_group_is_served(method: str) -> N
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
-def test_an_eagle_drafter_beside_window_groups_is_served_with_caching_off(models: Path, method: str) -> None:
-    """Beside sliding-window groups the drafter's layer is a group of vLLM's grouping: the group range
-    manager serves it with prefix caching off (tests/tagma/test_speculative_serving.py); with caching on
-    (vLLM's EAGLE hit rule per window group) it is refused in one line."""
+def test_an_eagle_drafter_beside_window_groups_is_served(models: Path, method: str) -> None:
+    """Beside sliding-window groups the drafter's layer is a group of vLLM's grouping (with the target's
+    model-level window, a window layer): caching off, the group range manager serves it; caching on, the
+    group prefix manager (tests/tagma/test_speculative_serving.py). Beside chunked local groups caching on
+    stays refused (vLLM's chunked hit rule asserts there is no EAGLE drop)."""
     window = craft_model(models, "mistral-swa", **SLIDING_WINDOW_MODEL)
     spec = {**EAGLE_SPEC, "method": method}
     config = engine_config(window, additional_config=dict(TAGMA), speculative_config=spec,
                            enable_prefix_caching=False)  # fmt: skip
     assert fail_closed.unsupported_features(config) == []
-    assert refusal(window, speculative_config=spec) == expect(
-        "an EAGLE drafter with prefix caching on beside sliding-window or chunked local attention groups "
-        f"(tagma serves it with --no-enable-prefix-caching) (--speculative-config method={method})"
+    if not fail_closed.lookahead_hashes():  # vLLM 0.32
+        config = engine_config(window, additional_config=dict(TAGMA), speculative_config=spec)
+        assert fail_closed.unsupported_features(config) == []
+    else:  # vLLM 0.33 hashes blocks with lookahead for EAGLE: refused with caching on
+        assert refusal(window, speculative_config=spec) == expect(
+            "an EAGLE drafter with prefix caching on this vLLM's lookahead block hashes (tagma keys a block "
+            f"by its tokens) (--speculative-config method={method})"
+        )
+    chunked = craft_model(models, "chunked-local", attention_chunk_size=256)
+    assert refusal(chunked, speculative_config=spec) == expect(
+        "an EAGLE drafter with prefix caching on beside chunked local attention groups (vLLM's chunked hit "
+        f"rule has no EAGLE drop; tagma serves it with --no-enable-prefix-caching) (--speculative-config "
+        f"method={method})"
     )
 
 
@@ -416,7 +428,7 @@ def test_paged_accepts_what_tagma_refuses() -> None:
 
 @pytest.mark.slow
 def test_server_exits_with_the_one_line_error_before_loading_the_model(models: Path) -> None:
-    model = craft_model(models, "chunked-local-server", attention_chunk_size=256)  # no weights at all
+    model = craft_model(models, "jamba-server", **HYBRID_MODEL)  # no weights at all
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     command = [sys.executable, "-m", "tagma.serve", str(model), "--kv-cache-backend", "tagma",
                "--dtype", "float32", "--host", "127.0.0.1", "--port", "8931"]
@@ -426,7 +438,7 @@ def test_server_exits_with_the_one_line_error_before_loading_the_model(models: P
     elapsed = time.monotonic() - started
     stderr_lines = [line for line in result.stderr.splitlines() if line.strip() and "nanobind" not in line]
     assert result.returncode != 0
-    assert stderr_lines[-1] == expect(CHUNKED_WITH_CACHING)
+    assert stderr_lines[-1] == expect(HYBRID_WITH_CACHING)
     assert "Traceback" not in result.stderr
     assert "EngineCore" not in result.stderr + result.stdout  # no engine core process was started
     assert elapsed < 120, f"refusal took {elapsed:.0f} s"

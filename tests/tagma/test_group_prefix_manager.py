@@ -26,13 +26,18 @@ from vllm.v1.request import Request, RequestStatus
 
 from tagma.core.group_prefix_manager import GroupHitBlocks, GroupPrefixKVCacheManager
 from tagma.core.registry import build_kv_cache_manager
-from tests.tagma.test_group_range_manager import GroupTwin, full, window
+from tests.tagma.test_group_range_manager import GroupTwin, chunked, full, window
 from tests.tagma.twin import BLOCK, make_config, make_request, manager_kwargs, tagma_request
 
 LAYOUTS: dict[str, list[KVCacheSpec]] = {
     "gpt-oss": [window(8), full()],
     "gemma3": [window(9), window(9), window(9), full()],
     "two-windows": [window(8), full(), window(17)],  # two window specs: vLLM's fixed point iterates
+    # chunked local attention beside full attention (Llama 4), a chunk of 3 blocks, and a chunk of 10 tokens
+    # (no whole number of blocks: vLLM pads the hit with null blocks up to the block its chunk starts in)
+    "llama4": [chunked(3 * BLOCK), full()],
+    "chunk-10": [chunked(10), full()],
+    "chunked-window": [chunked(3 * BLOCK), full(), window(17)],  # three specs: the fixed point iterates
     # every layer slides (no full group: content keys): one group (vLLM's unitary coordinator), two specs
     "mistral": [window(8)],
     "windows-only": [window(8), window(17)],
@@ -61,12 +66,20 @@ class PrefixGroupTwin(GroupTwin):
     caching-off twin's)."""
 
     def __init__(
-        self, specs: list[KVCacheSpec], num_blocks: int, retention: int | None = 0, **overrides: Any
+        self,
+        specs: list[KVCacheSpec],
+        num_blocks: int,
+        retention: int | None = 0,
+        eagle_group: int | None = None,
+        **overrides: Any,
     ) -> None:
         """``retention``: vLLM's prefix_cache_retention_interval (the server's default 0: a window caches only
-        the tails before replay boundaries and shared-prefix junctions; None: every full block)."""
+        the tails before replay boundaries and shared-prefix junctions; None: every full block).
+        ``eagle_group``: the group an EAGLE drafter's layer is in, marked as vLLM's grouping marks it."""
         config = make_config(num_blocks, specs=specs)
         config.prefix_cache_retention_interval = retention
+        if eagle_group is not None:
+            config.kv_cache_groups[eagle_group].is_eagle_group = True
         lcm = math.lcm(*(spec.block_size for spec in specs))
         kwargs = manager_kwargs(enable_caching=True, scheduler_block_size=lcm, **overrides)
         self.paged = KVCacheManager(config, **kwargs)
@@ -166,7 +179,7 @@ def test_hits_admissions_and_blocks_match_vllm_without_eviction(layout: str, see
     run_lockstep(twin, seed, num_requests=40, chunk=chunk)
     assert sum(twin.hits) > 0, "the workload is meant to hit"
     lagging = [b > h for b, h in zip(twin.boundaries, twin.hits, strict=True)]
-    if layout not in ("mistral", "windows-only"):
+    if layout not in ("mistral", "windows-only", "llama4", "chunk-10"):  # chunked groups cache every block
         assert any(lagging), "a window is meant to lag the full group"
     stats = twin.tagma.engine.stats()
     assert stats.used_blocks == 0 and not twin.tagma._reqs
@@ -179,6 +192,53 @@ def test_dense_and_periodic_retention_match_vllm(retention: int | None) -> None:
     twin = PrefixGroupTwin(LAYOUTS["gpt-oss"], num_blocks=4000, retention=retention)
     run_lockstep(twin, 5, num_requests=30, chunk=5)
     assert sum(twin.hits) > 0
+
+
+# An EAGLE drafter with prefix caching on (use_eagle; vLLM 0.32 passes num_prefill_lookahead 1 with it): its
+# groups drop a hit's last block (several groups: after looking one block past it), a window's run needs one
+# block more, windows cache the block after each replay boundary's tail and the replay boundaries move back
+# a block. vLLM marks no group for an EAGLE drafter (only MTP layers are marked), so every group drops; its
+# layer takes the target's model-level sliding window (the Attention layer's fallback), so beside a
+# Mistral-shaped target every layer slides and one window group holds them all (vLLM's unitary coordinator:
+# no margin). Layouts: those two (the second with the full group), two window specs with no full group, and
+# a marked group (MTP-style): a full group of its own beside the windows, the target's full group, or the
+# window group.
+EAGLE = {"use_eagle": True, "num_prefill_lookahead": 1}
+EAGLE_LAYOUTS: dict[str, tuple[list[KVCacheSpec], int | None]] = {
+    "mistral": ([window(13)], None),
+    "gpt-oss": ([window(8), full(), window(8)], None),
+    "windows-only": ([window(8), window(17)], None),
+    "two-windows": ([window(8), full(), window(17)], None),
+    "marked-own-full": ([window(13), window(13), full()], 2),
+    "marked-target-full": ([window(8), full()], 1),
+    # only the window group marked: the full group takes no drop, the window peeks past it; vLLM 0.33 also
+    # keeps the window's tail a block below each shared-prefix junction
+    "marked-window": ([full(), window(8)], 1),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(EAGLE_LAYOUTS))
+@pytest.mark.parametrize(("seed", "chunk"), [(0, 1 << 20), (1, 7), (2, 3)])
+def test_eagle_hits_and_retention_match_vllm(layout: str, seed: int, chunk: int) -> None:
+    """With an EAGLE drafter, every decision equals vLLM's step by step where nothing is evicted: hits
+    with the last block dropped per group, boundaries, admissions, blocks per group and null blocks."""
+    specs, eagle_group = EAGLE_LAYOUTS[layout]
+    twin = PrefixGroupTwin(specs, num_blocks=4000, eagle_group=eagle_group, **EAGLE)
+    expected = {eagle_group} if eagle_group is not None else set(range(len(specs)))
+    assert twin.paged.coordinator.eagle_group_ids == expected
+    run_lockstep(twin, seed, num_requests=40, chunk=chunk)
+    assert sum(twin.hits) > 0, "the workload is meant to hit"
+    assert twin.tagma.engine.stats().used_blocks == 0 and not twin.tagma._reqs
+
+
+def test_dropping_no_eagle_block_fails_the_lockstep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check can fail: a manager that ignores the drafter (no drop, no margin) disagrees with vLLM."""
+    specs, eagle_group = EAGLE_LAYOUTS["marked-target-full"]
+    twin = PrefixGroupTwin(specs, num_blocks=4000, eagle_group=eagle_group, **EAGLE)
+    monkeypatch.setattr(twin.tagma, "_eagle_full", False)
+    monkeypatch.setattr(twin.tagma, "_eagle_any", False)
+    with pytest.raises(AssertionError, match="paged"):
+        run_lockstep(twin, 0, num_requests=40, chunk=1 << 20)
 
 
 # ---------------------------------------------------------------- eviction and preemption: the oracle

@@ -282,10 +282,11 @@ def test_speculative_steps_match_vllm(layout: str, spec_tokens: int, lookahead: 
     assert_no_leak(twin.tagma)
 
 
-# An EAGLE-family drafter's full-attention layer beside the target's groups, in a group of its own: vLLM's
-# grouping (kv_cache_utils._get_kv_cache_groups_uniform_page_size) splits each layer type into groups of the
-# smallest type's size, one layer here: the tiny Mistral's two window layers and the drafter's make three
-# groups, gpt-oss's window and full layer and the drafter's three too.
+# An EAGLE-family drafter's layer beside the target's groups, in a group of its own, marked. On a real
+# server vLLM marks no group for an EAGLE drafter, and beside a sliding-window target the drafter's layer
+# takes the target's window (the tiny Mistral with its drafter: one window group of three layers); these
+# layouts are the stricter case of a full-attention drafter group beside the windows (as beside Llama 4's
+# chunked groups, where the drafter's layer is full attention).
 EAGLE_LAYOUTS: dict[str, tuple[list[KVCacheSpec], int]] = {
     "gpt-oss": ([window(8), full(), full()], 2),
     "mistral": ([window(13), window(13), full()], 2),
@@ -406,11 +407,11 @@ def test_other_group_kinds_are_refused_by_name() -> None:
         build_kv_cache_manager(config, **manager_kwargs(enable_caching=False))
 
 
-@pytest.mark.parametrize("layout", ["llama4", "chunked-only"])
-def test_chunked_local_attention_with_caching_on_is_refused_by_name(layout: str) -> None:
-    """Caching off is served (the lockstep tests above); the prefix manager caches windows' blocks only."""
-    config = make_config(16, specs=LAYOUTS[layout])
-    with pytest.raises(TagmaUnsupported, match="chunked local attention with prefix caching on"):
+def test_chunked_local_attention_alone_with_caching_on_is_refused_by_name() -> None:
+    """Caching off is served (the lockstep tests above), and caching on beside a full-attention group
+    (tests/tagma/test_group_prefix_manager.py); with no full group to key its cached blocks, refused."""
+    config = make_config(16, specs=LAYOUTS["chunked-only"])
+    with pytest.raises(TagmaUnsupported, match="chunked local attention with prefix caching and no full"):
         build_kv_cache_manager(config, **manager_kwargs(enable_caching=True))
 
 

@@ -8,7 +8,12 @@ from typing import Any
 
 import pytest
 import torch
-from vllm.v1.kv_cache_interface import KVCacheConfig, MLAAttentionSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    KVCacheConfig,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
 
 from tagma.contract import ENV_PLACEMENT, ENV_RANGE_MANAGER, ENV_RESERVE_ADMISSION
 from tagma.core.block_pool import TagmaBlockPool
@@ -19,6 +24,9 @@ from tagma.core.registry import build_kv_cache_manager
 from tests.tagma.twin import BLOCK, full_spec, make_config, manager_kwargs, use_block_object_manager
 
 SW = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=8)
+CHUNKED = ChunkedLocalAttentionSpec(
+    block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32, attention_chunk_size=3 * BLOCK
+)
 
 
 @pytest.fixture(autouse=True)
@@ -59,9 +67,10 @@ def test_constructor_accepts_vllm_arguments_and_passes_them_through() -> None:
 
 def test_an_eagle_drafter_is_served_by_the_range_managers_of_one_group() -> None:
     """EAGLE (use_eagle, one prefill token read ahead): the range managers serve it (caching off: lookahead
-    slots only; caching on: the prefix manager drops the last hit block), and so does the group range manager
-    beside window groups (caching off); multi-module MTP's longer lookahead, the block-object manager and
-    several groups with caching on (the group prefix manager) stay refused."""
+    slots only; caching on: the prefix manager drops the last hit block), and so do the group managers beside
+    window groups (caching off: the group range manager; on: the group prefix manager, vLLM's EAGLE hit
+    rules); multi-module MTP's longer lookahead, the block-object manager and EAGLE beside chunked groups with
+    caching on (vLLM has no rule for it) stay refused."""
     eagle = {"use_eagle": True, "num_prefill_lookahead": 1}
     assert type(build_kv_cache_manager(make_config(16), **manager_kwargs(enable_caching=False, **eagle))) is (
         RangeKVCacheManager
@@ -70,10 +79,12 @@ def test_an_eagle_drafter_is_served_by_the_range_managers_of_one_group() -> None
     groups = make_config(16, specs=[full_spec(), SW])
     served = build_kv_cache_manager(groups, **manager_kwargs(enable_caching=False, **eagle))
     assert type(served).__name__ == "GroupRangeKVCacheManager" and served.use_eagle
+    cached = build_kv_cache_manager(make_config(16, specs=[full_spec(), SW]), **manager_kwargs(**eagle))
+    assert type(cached).__name__ == "GroupPrefixKVCacheManager" and cached._eagle_any
     refused = [
         (make_config(16), {"enable_caching": False, "use_eagle": True, "num_prefill_lookahead": 2}, "MTP"),
         (make_config(16), eagle, "EAGLE"),  # caching on is the block-object manager here (the fixture)
-        (make_config(16, specs=[full_spec(), SW]), eagle, "EAGLE"),  # the group prefix manager
+        (make_config(16, specs=[full_spec(), CHUNKED]), eagle, "EAGLE"),  # the group prefix manager
     ]
     for config, extra, feature in refused:
         with pytest.raises(ValueError, match=f"^tagma: unsupported: .*{feature}"):

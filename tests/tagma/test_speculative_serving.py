@@ -28,8 +28,10 @@ slots). Two configurations, each a paged and a tagma server (started together, d
   random-weight MTP layer) drafting one token per step through vLLM's EAGLE path (method=mtp), prefix caching
   on: its MTP layer's KV joins the target's group; the same hit rule and read-ahead as EAGLE.
 - an EAGLE-3 drafter built for the tiny Mistral shape (every layer a 1,024-token window; a Llama layer of the
-  target's sizes) with prefix caching off: the drafter's full-attention layer is a KV cache group beside the
-  two window groups, served by tagma's group manager, which takes the lookahead slots in every group.
+  target's sizes): the drafter's layer takes the target's window (vLLM's Attention falls back to the
+  model-level sliding window), so the three layers are one window group. Prefix caching off: tagma's group
+  manager takes the lookahead slots; on: the group prefix manager finds cached blocks by content key and
+  drops each hit's last block, as vLLM's EAGLE rule does (no group is marked, so every group drops).
 Prompts repeat a phrase so that ngram finds drafts; greedy decoding; a pool small enough to preempt.
 Token ids must be identical per request; on both arms drafts must have been proposed, some of ngram's
 rejected and the self-drafting model's (nearly) all accepted; no block is held after the queue drained."""
@@ -103,13 +105,17 @@ CASES = {
     "llama-eagle": Case("llama", pool_blocks=90, caching=True, speculative=EAGLE),
     "llama-eagle3": Case("llama", pool_blocks=90, caching=True, speculative=EAGLE3),
     "mimo-mtp": Case("mimo", pool_blocks=90, caching=True, speculative=MTP),
-    # An EAGLE-3 drafter beside the Mistral shape's two window layers (every target layer slides, window
-    # 1,024): three KV cache groups, the drafter's full-attention layer one of its own, caching off (the
-    # group range manager). Preempts: a 300-600-token prompt is admitted with 30-57 blocks of 32 tokens over
-    # the three groups and decodes 400-600 tokens to 86-104 (each window group stops at 33); one fits in 140
-    # blocks, the two or three admitted together do not once they decode.
+    # An EAGLE-3 drafter beside the Mistral shape's two window layers (every layer slides, the drafter's too,
+    # window 1,024: one window group of three layers), caching off (the group range manager). Preempts: a
+    # request's 700-1,200-token sequence holds up to 33 blocks of 32 tokens (the window's), so the six
+    # running at once (--max-num-seqs 6) outgrow 140 blocks once they decode (seen: 2 preemptions each).
     "mistral-eagle3": Case("mistral", pool_blocks=140, caching=False, prompt_tokens=(300, 600),
                            output_tokens=(400, 600), target_drafter="eagle3"),
+    # The same with prefix caching on (the group prefix manager, content keys, vLLM's unitary EAGLE rule: a
+    # hit's last block dropped); the system prefix is hit. Seen here: 448 hit tokens and 4 / 9 preemptions
+    # (paged / tagma), token-identical.
+    "mistral-eagle3-caching": Case("mistral", pool_blocks=140, caching=True, prompt_tokens=(300, 600),
+                                   output_tokens=(400, 600), target_drafter="eagle3"),
 }  # fmt: skip
 DRAFTER_BUILDERS = {"eagle": build_eagle_drafter, "eagle3": build_eagle3_drafter}
 
