@@ -210,6 +210,7 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         sides = PrefixSideGroups if self._full is not None else PrefixKeyedGroups
         self.sides = sides(self.index, len(self._windows))
         self._chain: dict[str, KeyArray] = {}  # content keys: per request, the key of its last cached block
+        self._lookup_memo: dict[str, tuple[KeyArray, np.ndarray]] = {}  # content keys: waiting requests'
         self.prefix_eviction = mode.name.lower()
         self._max_hit = max(self.block_pool.num_gpu_blocks - 1, 0)
         self._default_ns = self.index.namespace((None, None, None))
@@ -259,8 +260,7 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         if self._eagle_margin and look < request.num_tokens // bs and look < self._max_hit:
             look += 1
         if self._full is None:  # every layer slides: each group's blocks by content key
-            tokens = self.index.tokens_array(request._all_token_ids, 0, look * bs)
-            keys = self.sides.keys(self._namespace(request), tokens)
+            keys, tokens = self._waiting_keys(request, look)
             sides = [self.sides.lookup_keyed(k, keys, tokens) for k in range(len(self._windows))]
             nodes = None
             limit = max_blocks
@@ -286,6 +286,18 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
                 skipped = self._skipped_blocks(g, hit, starts)
                 groups.append((skipped, sides[self._side[g]][skipped:hit]))
         return GroupHitBlocks(tuple(groups), self.block_pool, keys), hit * bs, boundary
+
+    def _waiting_keys(self, request: Request, blocks: int) -> tuple[KeyArray, np.ndarray]:
+        """The content keys and tokens of a waiting request's first ``blocks`` blocks, hashed once: the
+        scheduler looks a waiting request up at every step it stays waiting, and its leading tokens never
+        change (vLLM hashes a request's blocks once too). Kept until the request is allocated or freed."""
+        rid = request.request_id
+        memo = self._lookup_memo.get(rid)
+        if memo is None or len(memo[0]) < blocks:
+            tokens = self.index.tokens_array(request._all_token_ids, 0, blocks * self._bs)
+            memo = self._lookup_memo[rid] = (self.sides.keys(self._namespace(request), tokens), tokens)
+        keys, tokens = memo
+        return keys[:blocks], tokens[: blocks * self._bs]
 
     def _namespace(self, request: Request) -> int:
         return request_namespace(self.index, self._default_ns, request)
@@ -378,6 +390,7 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
                 return None
         new = state is None
         if state is None:
+            self._lookup_memo.pop(rid, None)
             state = self._reqs[rid] = [_Held() for _ in self._managers]
             self._ns[rid] = self._namespace(request)
             self._cached[rid] = 0
@@ -502,6 +515,7 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         self._ns.pop(rid, None)
         self._cached.pop(rid, None)
         self._chain.pop(rid, None)
+        self._lookup_memo.pop(rid, None)
         state = self._reqs.pop(rid, None)
         if state is None:
             return
@@ -520,6 +534,7 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         self._ns.pop(rid, None)
         self._cached.pop(rid, None)
         self._chain.pop(rid, None)
+        self._lookup_memo.pop(rid, None)
         state = self._reqs.pop(rid, None) or []
         engs = tuple(held.engine_request for held in state if held.engine_request)
         release = GroupPrefixRelease(engs, sum(held.held for held in state))

@@ -26,6 +26,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from tagma.core.group_prefix_manager import GroupHitBlocks, GroupPrefixKVCacheManager
 from tagma.core.registry import build_kv_cache_manager
+from tagma.engine.prefix_keyed import PrefixKeyedGroups
 from tests.tagma.test_group_range_manager import GroupTwin, chunked, full, window
 from tests.tagma.twin import BLOCK, make_config, make_request, manager_kwargs, tagma_request
 
@@ -183,6 +184,34 @@ def test_hits_admissions_and_blocks_match_vllm_without_eviction(layout: str, see
         assert any(lagging), "a window is meant to lag the full group"
     stats = twin.tagma.engine.stats()
     assert stats.used_blocks == 0 and not twin.tagma._reqs
+
+
+def test_a_waiting_request_s_content_keys_are_hashed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every layer slides (content keys): the scheduler looks a waiting request up at every step it waits;
+    its blocks are hashed at the first lookup only, the hit is the same each time, and nothing is kept once
+    it is allocated or freed."""
+    twin = PrefixGroupTwin(LAYOUTS["mistral"], num_blocks=4000)
+    tagma = twin.tagma
+    calls: list[int] = []
+    keys = PrefixKeyedGroups.keys
+    monkeypatch.setattr(PrefixKeyedGroups, "keys", lambda *a, **k: calls.append(1) or keys(*a, **k))
+    prompt = list(range(10 * BLOCK))
+    twin.add("a", prompt)
+    assert twin.schedule("a", 1 << 20, True)  # cached, and its chain hashed as it caches
+    twin.add("b", prompt + [7] * BLOCK)
+    req = twin.requests["b"][1]
+    calls.clear()
+    hits = [tagma.get_computed_blocks(req)[1] for _ in range(3)]
+    assert hits == [hits[0]] * 3 and hits[0] > 0 and len(calls) == 1
+    assert "b" in tagma._lookup_memo
+    # the twin's own lookup (the memo again), then allocation, which hashes only the block past the hit as
+    # it caches it (from the hit's last key)
+    assert twin.schedule("b", 1 << 20, True)
+    assert len(calls) == 2 and "b" not in tagma._lookup_memo
+    twin.add("c", prompt)
+    tagma.get_computed_blocks(twin.requests["c"][1])
+    twin.free("c")
+    assert not tagma._lookup_memo
 
 
 @pytest.mark.parametrize("retention", [None, 8 * BLOCK])
