@@ -50,15 +50,23 @@ def _attention_free(c: Any) -> str | None:
 
 
 def _hybrid(c: Any) -> str | None:
-    # State layers (Mamba, Gated DeltaNet) beside attention: the group manager, prefix caching off (vLLM's
-    # cache mode "none": one state block per request). Caching on needs state checkpoints ("align"): never.
+    # State layers (Mamba, Gated DeltaNet) beside attention: the group managers, prefix caching off (vLLM's
+    # cache mode "none": one state block per request) or on (mode "align": state checkpoints at block
+    # boundaries, tagma.core.state_checkpoints). Speculative decoding beside them with caching on (speculative
+    # state blocks) is refused here; Mamba2-style prefill checkpoint blocks, a spec field, when the KV cache
+    # manager is built.
     if not c.model_config.is_hybrid:
         return None
-    if c.cache_config.enable_prefix_caching:
-        return (
-            "Mamba/hybrid models with prefix caching on (state checkpoints, mamba_cache_mode='align'; tagma "
-            "serves them with --no-enable-prefix-caching)"
-        )
+    cache = c.cache_config
+    if cache.enable_prefix_caching:
+        mode = getattr(cache, "mamba_cache_mode", "align")
+        if mode != "align":
+            return f"Mamba/hybrid models with prefix caching on in mamba_cache_mode={mode!r}"
+        if c.speculative_config is not None and not getattr(cache, "use_replayssm", False):
+            return (
+                "speculative decoding beside state layers with prefix caching on (speculative state blocks; "
+                "tagma serves it with --no-enable-prefix-caching)"
+            )
     return _block_object_manager("Mamba/hybrid models")
 
 

@@ -3,7 +3,8 @@
 The group prefix manager (:mod:`tagma.core.group_prefix_manager`) looks up, per group, which of a request's
 leading blocks are cached (the full group's trie walk, each other group's side blocks at its nodes or its
 content keys) and decides the hit here, as vLLM's ``HybridKVCacheCoordinator.find_longest_cache_hit`` does
-over ``SlidingWindowManager``'s and ``ChunkedLocalAttentionManager``'s rules, with vLLM's EAGLE drop.
+over ``SlidingWindowManager``'s, ``ChunkedLocalAttentionManager``'s and ``MambaManager``'s rules, with vLLM's
+EAGLE drop.
 :class:`GroupHitBlocks` carries the hit to ``allocate_slots``.
 """
 
@@ -13,11 +14,11 @@ from typing import Any
 
 import numpy as np
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.kv_cache_interface import KVCacheConfig, SlidingWindowSpec
 
 from tagma.engine.prefix_keyed import KeyArray
 
-__all__ = ["GroupHitBlocks", "eagle_groups", "hit_length", "reconcile", "window_hit"]
+__all__ = ["GroupHitBlocks", "eagle_groups", "hit_length", "reconcile", "run_blocks", "window_hit"]
 
 
 def eagle_groups(kv_cache_config: KVCacheConfig, args: dict[str, Any]) -> set[int]:
@@ -80,6 +81,13 @@ def hit_length(group: tuple[int, np.ndarray]) -> int:
     """A group's hit in blocks: those its window skips (null blocks) and those it holds."""
     dropped, ids = group
     return dropped + len(ids)
+
+
+def run_blocks(spec: Any, bs: int) -> int:
+    """The cached blocks a hit's run needs in a window group (``SlidingWindowManager``: the last
+    ``cdiv(window - 1, bs)``) or a state group (``MambaManager``: the last cached block, a window of 2)."""
+    window = spec.sliding_window if isinstance(spec, SlidingWindowSpec) else 2
+    return -(-(window - 1) // bs)
 
 
 def window_hit(cached: np.ndarray, limit: int, need: int) -> int:

@@ -30,10 +30,13 @@ can see them:
   run one block longer, after looking one block past the candidate (the hybrid coordinator's margin) and
   once per candidate length; a window's retention shifted by that block and the replay boundaries moved back.
 
+* state groups (Qwen3-Next's Gated DeltaNet, vLLM's mamba cache mode "align") beside the full group: a
+  side group like a window with a run of one block (:mod:`tagma.core.state_checkpoints`).
+
 Scope: at most one full-attention group (its trie keys the windows' blocks; without one, content keys do),
-sliding-window groups, chunked groups beside the full group, one block size, LRU or contiguous eviction.
-Refused by name: state layers with caching on (state checkpoints), chunked groups with no full group or
-beside an EAGLE drafter, KV events (no hashes to publish).
+sliding-window groups, chunked and state groups beside the full group, one block size, LRU or contiguous
+eviction. Refused by name: chunked or state groups with no full group or beside an EAGLE drafter, state
+groups with speculative or prefill checkpoint blocks, KV events (no hashes to publish).
 ``estimate_cached_tokens`` (a prefill statistic) reports the full group's cached prefix.
 """
 
@@ -50,6 +53,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.single_type_kv_cache_manager import (
     ChunkedLocalAttentionManager,
     FullAttentionManager,
+    MambaManager,
     SlidingWindowManager,
 )
 from vllm.v1.kv_cache_interface import (
@@ -62,10 +66,11 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.request import Request
 
 from tagma.contract import DEFAULT_PREFIX_EVICTION, ENV_PREFIX_EVICTION
-from tagma.core.group_hits import GroupHitBlocks, eagle_groups, hit_length, reconcile
+from tagma.core.group_hits import GroupHitBlocks, eagle_groups, hit_length, reconcile, run_blocks
 from tagma.core.group_range_manager import GroupRangeKVCacheManager, GroupRangeRelease, _Held
 from tagma.core.manager import NO_TOKENS_MESSAGE, SIGNATURE, WAITING_STATUSES, TagmaKVCacheManager
 from tagma.core.prefix_manager import _no_hash_lookups, request_namespace
+from tagma.core.state_checkpoints import StateCheckpoints, StateHeld, state_groups, state_refusal
 from tagma.engine.prefix_index import EvictionMode, PrefixIndex
 from tagma.engine.prefix_keyed import KeyArray, PrefixKeyedGroups
 from tagma.engine.prefix_side import PrefixSideGroups
@@ -108,8 +113,8 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
     """
 
     uses_block_hashes = False  # the engine core builds requests without vLLM's block hasher
-    SERVED_SPECS = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec)
-    SERVED_MANAGERS = (FullAttentionManager, SlidingWindowManager, ChunkedLocalAttentionManager)
+    SERVED_SPECS = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec)
+    SERVED_MANAGERS = (FullAttentionManager, SlidingWindowManager, ChunkedLocalAttentionManager, MambaManager)
     # An EAGLE drafter beside the groups (its layer takes the target's window: a window group): vLLM's EAGLE
     # rule in its EAGLE groups (every group, as vLLM marks none for a drafter): a hit's last block dropped
     # (after looking one block past it where the hybrid coordinator does), a window's run one block longer,
@@ -119,15 +124,15 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
     @classmethod
     def unsupported(cls, kv_cache_config: KVCacheConfig, args: dict[str, Any]) -> str | None:
         groups = kv_cache_config.kv_cache_groups
-        if any(isinstance(g.kv_cache_spec, MambaSpec) for g in groups):
-            return (
-                "state layers with prefix caching on (state checkpoints, mamba_cache_mode='align'; tagma "
-                "serves them with --no-enable-prefix-caching)"
-            )
         feature = TagmaKVCacheManager.unsupported.__func__(cls, kv_cache_config, args)  # type: ignore[attr-defined]
         if feature is not None:
             return feature
         fulls = sum(type(g.kv_cache_spec) is FullAttentionSpec for g in groups)
+        states = [g.kv_cache_spec for g in groups if isinstance(g.kv_cache_spec, MambaSpec)]
+        if states:
+            feature = state_refusal(states, fulls, bool(eagle_groups(kv_cache_config, args)))
+            if feature is not None:
+                return feature
         if any(isinstance(g.kv_cache_spec, ChunkedLocalAttentionSpec) for g in groups):
             if not fulls:
                 return (
@@ -191,11 +196,11 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
             else:
                 spec_groups.append((spec, [g]))
         drops = [any(g in eagle for g in members) for _, members in spec_groups]
-        # (blocks a window's hit needs, members' side groups, EAGLE drop, chunk size in tokens or 0)
+        # (blocks a window's or state group's hit needs, members' side groups, EAGLE drop, chunk tokens or 0)
         self._spec_groups = tuple(
             (0, tuple(self._side[g] for g in members), drop, spec.attention_chunk_size)
             if isinstance(spec, ChunkedLocalAttentionSpec)
-            else (-(-(spec.sliding_window - 1) // self._bs), tuple(self._side[g] for g in members), drop, 0)
+            else (run_blocks(spec, self._bs), tuple(self._side[g] for g in members), drop, 0)
             for (spec, members), drop in zip(spec_groups, drops, strict=True)
         )
         self._spec_of_side = {k: i for i, (_, members, _, _) in enumerate(self._spec_groups) for k in members}
@@ -205,6 +210,12 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         self._eagle_full = self._full is not None and self._full in eagle
         self._eagle_any = bool(eagle)  # vLLM's replay boundaries shift when any group is an EAGLE group
         self._eagle_margin = self._eagle_any and len(groups) > 1  # the hybrid coordinator's (not unitary's)
+        # state groups: side groups for the lookup, cached by StateCheckpoints (mode align: all but lookup)
+        states, aligned = state_groups(kv_cache_config)
+        self._aligned = frozenset(aligned)
+        self._states = StateCheckpoints(self, states, aligned)
+        self._window_info = tuple(w for w in self._window_info if w[0] not in self._aligned)
+        self._gids = range(len(groups))
         self._retention = getattr(kv_cache_config, "prefix_cache_retention_interval", 0)
         self.index = PrefixIndex(self.engine, self._bs, mode)
         sides = PrefixSideGroups if self._full is not None else PrefixKeyedGroups
@@ -226,6 +237,9 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
 
     def _free_skipped(self, state: list[_Held], processed: int) -> bool:
         freed = super()._free_skipped(state, processed)
+        if self._aligned and self._states.free_skipped(state, processed):
+            self._fresh = None
+            freed = True
         if freed:
             self._sync_free()
         return freed
@@ -359,6 +373,8 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         if hit and (not isinstance(new_computed_blocks, GroupHitBlocks)
                     or hit_length(new_computed_blocks.groups[self._full or 0]) < hit):  # fmt: skip
             raise ValueError(f"{hit} hit blocks announced, not given as this manager's hit")
+        if hit and self._states.groups and self._states.deferred(new_computed_blocks, self._full, hit):
+            return None  # the hit's state is written by this step's forward: vLLM waits a step
         max_len = self.max_model_len
         computed = request.num_computed_tokens + num_new_computed_tokens
         if computed > max_len:
@@ -371,7 +387,7 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         evictable = -1
         if full_sequence_must_fit:
             full = request.num_tokens if request.num_tokens < max_len else max_len
-            full_need = self._to_allocate(state, full, computed, True, hit) + watermark
+            full_need = self._to_allocate(state, full, computed, True, hit, full) + watermark
             if full_need + hit_ids > pool._num_free:
                 evictable = self._evictable(new_computed_blocks) if hit else 0  # type: ignore[arg-type]
                 if full_need + evictable > pool._num_free:
@@ -382,7 +398,8 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         if state is not None and self._windows:
             processed = computed - request.num_in_flight_tokens
             self._free_skipped(state, processed if processed > 0 else 0)
-        need = self._to_allocate(state, need_tokens, computed, False, hit)
+        main = computed + num_new_tokens
+        need = self._to_allocate(state, need_tokens, computed, False, hit, main)
         if need + hit_ids + watermark > pool._num_free - reserved_blocks:
             if evictable < 0:
                 evictable = self._evictable(new_computed_blocks) if hit else 0  # type: ignore[arg-type]
@@ -391,14 +408,14 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         new = state is None
         if state is None:
             self._lookup_memo.pop(rid, None)
-            state = self._reqs[rid] = [_Held() for _ in self._managers]
+            state = self._reqs[rid] = [(StateHeld if g in self._aligned else _Held)() for g in self._gids]
             self._ns[rid] = self._namespace(request)
             self._cached[rid] = 0
             if hit:
                 self._attach(request, state, new_computed_blocks, hit)  # type: ignore[arg-type]
         view = self.empty_kv_cache_blocks
         if need:
-            view = self._append(rid, state, need_tokens, new and not hit)
+            view = self._append(rid, state, need_tokens, new and not hit, main)
         if not delay_cache_blocks:
             cache_to = computed + num_new_tokens
             if cache_to > request.num_tokens:
@@ -421,6 +438,8 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
                 if got != hit:
                     raise RuntimeError(f"tagma: prefix hit of {hit} blocks changed to {got} before attaching")
                 held.held = hit
+            elif g in self._aligned:
+                self._states.attach(held, dropped, ids)  # type: ignore[arg-type]
             else:
                 self.sides.attach(held.engine_request, ids)
                 held.dropped = dropped
@@ -439,7 +458,7 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         rid = request.request_id
         start = self._cached.get(rid, _LOST)
         if full_blocks <= start:
-            return
+            return self._states.remark(request, state, full_blocks) if self._aligned else None
         bs = self._bs
         gt = self.group_time
         full = None
@@ -462,9 +481,13 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         junction = getattr(request, "shared_prefix_boundary", 0)
         if junction:
             boundaries.append(junction)
+        if self._states.groups and full is not None and full.engine_request:
+            self._states.cache(request, state, full.engine_request, start, full_blocks, boundaries,
+                               self._retention)  # fmt: skip
+            self._states.remark(request, state, full_blocks)
         for g in self._windows:
             held = state[g]
-            if not held.engine_request:
+            if not held.engine_request or g in self._states.groups:
                 continue
             t0 = gt.start() if gt is not None else 0
             single = self._managers[g]
@@ -543,6 +566,10 @@ class GroupPrefixKVCacheManager(GroupRangeKVCacheManager):
         return release
 
     # ---- the rest of the contract
+
+    def new_step_starts(self) -> None:
+        self._states.this_step.clear()
+        super().new_step_starts()
 
     def estimate_cached_tokens(self, request: Request) -> int:
         cached = self._cached.get(request.request_id, 0)

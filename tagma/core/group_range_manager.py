@@ -25,7 +25,9 @@ A state group (Mamba / Gated DeltaNet layers, ``MambaSpec`` in vLLM's cache mode
 linear-attention layers) is the same arithmetic: vLLM's ``MambaManager`` keeps only the last computed token's
 state (``get_num_skipped_tokens`` = computed - 1, the window formula with a window of 2), its block is
 ``mamba_block_size`` tokens (max_model_len by default, so one state block per request for its whole life) and
-it allocates ``num_speculative_blocks`` blocks more. Cache mode "align" (prefix caching of states) is refused.
+it allocates ``num_speculative_blocks`` blocks more. Cache mode "align" (prefix caching of states) is the
+group prefix manager's (:mod:`tagma.core.state_checkpoints`): its state groups are ``_aligned`` here, and
+``_states`` does their per-step arithmetic.
 
 Block ids for the worker: a window or chunked group's row keeps the null block (id 0) where logical blocks
 were dropped, as vLLM's does, followed by the live ranges.
@@ -84,13 +86,14 @@ class GroupBlocks(KVCacheBlocks):
     """A ``KVCacheBlocks`` over every group's runs of consecutive block ids, after its dropped blocks.
 
     ``groups[g]`` is (dropped, runs): ``dropped`` null blocks (a window group's released start), then the
-    flat (start, count, ...) runs. Block ids come out as one list slice of the id table per run;
+    flat (start, count, ...) runs; or (None, ids), a row given whole (a state group's, with null blocks
+    between its live ones). Block ids come out as one list slice of the id table per run;
     ``KVCacheBlock`` objects only if a caller asks for ``.blocks``.
     """
 
     __slots__ = ("_groups", "_null", "_pool", "_table")
 
-    def __init__(self, groups: tuple[tuple[int, list[int]], ...], table: list[int], pool: Any) -> None:
+    def __init__(self, groups: tuple[tuple[int | None, list[int]], ...], table: list[int], pool: Any) -> None:
         self._groups = groups  # no dataclass __init__: ``blocks`` is a property here
         self._table = table
         self._pool = pool
@@ -98,6 +101,8 @@ class GroupBlocks(KVCacheBlocks):
 
     def _ids(self, g: int) -> list[int]:
         dropped, runs = self._groups[g]
+        if dropped is None:
+            return runs
         ids = ids_from_runs(runs, self._table) if runs else []
         return [self._null] * dropped + ids if dropped else ids
 
@@ -115,7 +120,11 @@ class GroupBlocks(KVCacheBlocks):
         return tuple(self._ids(g) for g in chosen)
 
     def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
-        return [ids_from_runs(runs, self._table) if runs else [] for _, runs in self._groups]
+        null = self._null
+        return [
+            [i for i in runs if i != null] if dropped is None else ids_from_runs(runs, self._table)
+            for dropped, runs in self._groups
+        ]
 
     def new_empty(self) -> KVCacheBlocks:
         return KVCacheBlocks(tuple(() for _ in self._groups))
@@ -186,7 +195,7 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
         for group in kv_cache_config.kv_cache_groups:
             spec = group.kv_cache_spec
             if isinstance(spec, MambaSpec) and (mode := spec.mamba_cache_mode) != "none":
-                return f"state layers in mamba_cache_mode={mode!r} (tagma serves mode 'none')"
+                return f"state layers in mamba_cache_mode={mode!r} with caching off (served: 'none')"
         return None
 
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, *args: Any, **kwargs: Any) -> None:
@@ -213,20 +222,40 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
         self._zero_ids: list[int] = []
         self._reqs: dict[str, list[_Held]] = {}
         self._null = self.block_pool.null_block
+        # State groups in mamba cache mode "align" (prefix caching on only) and their arithmetic
+        # (tagma.core.state_checkpoints.StateCheckpoints), set by the group prefix manager
+        self._aligned: frozenset[int] = frozenset()
+        self._states: Any = None
         self.coordinator.get_num_blocks_to_allocate = self._num_blocks_to_allocate  # type: ignore[method-assign]
 
     # ---- vLLM's arithmetic, per group
 
     def _to_allocate(
-        self, state: list[_Held] | None, num_tokens: int, computed: int, cap: bool, hit: int = 0
+        self,
+        state: list[_Held] | None,
+        num_tokens: int,
+        computed: int,
+        cap: bool,
+        hit: int = 0,
+        main_tokens: int | None = None,
     ) -> int:
         """Blocks to allocate for ``num_tokens`` slots: vLLM's ``get_num_blocks_to_allocate`` of each
         single-type manager, summed over the groups (``cap``: the recycling-aware admission cap; ``hit``: a
-        new request's prefix-cache hit in blocks, which every group holds or skips)."""
+        new request's prefix-cache hit in blocks, which every group holds or skips; ``main_tokens``: the
+        main model's tokens, without lookahead, where an aligned state group counts them)."""
         total = 0
         gt = self.group_time
+        aligned = self._aligned
         for g, (rule, bs, limit, extra) in enumerate(self._info):
             t0 = gt.start() if gt is not None else 0
+            if aligned and g in aligned:  # MambaManager, mode align: one block at most, past the whole row
+                tokens = num_tokens if main_tokens is None else main_tokens
+                length = state[g].dropped + state[g].held if state is not None else hit
+                if -(-tokens // bs) > length:
+                    total += 1
+                if gt is not None:
+                    gt.stop(g, t0)
+                continue
             required = -(-(num_tokens + extra) // bs)
             if cap and limit is not None and limit < required:
                 required = limit
@@ -344,15 +373,25 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
             return self.empty_kv_cache_blocks
         return self._append(rid, state, need_tokens, new)
 
-    def _append(self, rid: str, state: list[_Held], need_tokens: int, fresh: bool) -> GroupBlocks:
-        """Each group's blocks for ``need_tokens`` slots beyond what it holds or dropped; the view of the new
-        blocks (kept for ``get_blocks`` when ``fresh``: the request's first allocation is all it holds)."""
+    def _append(
+        self, rid: str, state: list[_Held], need_tokens: int, fresh: bool, main_tokens: int | None = None
+    ) -> GroupBlocks:
+        """Each group's blocks for ``need_tokens`` slots beyond what it holds or dropped (an aligned state
+        group's for ``main_tokens``); the view of the new blocks (kept for ``get_blocks`` when ``fresh``: the
+        request's first allocation is all it holds)."""
         engine = self.engine
         pool = self.block_pool
-        groups: list[tuple[int, list[int]]] = []
+        groups: list[tuple[int | None, list[int]]] = []
         gt = self.group_time
+        aligned = self._aligned
         for g, held in enumerate(state):
             t0 = gt.start() if gt is not None else 0
+            if aligned and g in aligned:
+                tokens = need_tokens if main_tokens is None else main_tokens
+                groups.append(self._states.append(held, g, tokens))
+                if gt is not None:
+                    gt.stop(g, t0)
+                continue
             n = -(-(need_tokens + self._info[g][3]) // self._block_sizes[g]) - held.dropped - held.held
             runs: list[int] = []
             if n > 0:
@@ -406,9 +445,11 @@ class GroupRangeKVCacheManager(TagmaKVCacheManager):
 
     def _view(self, state: list[_Held]) -> GroupBlocks:
         engine = self.engine
+        aligned = self._aligned
         groups = tuple(
-            (h.dropped, engine.ranges_array(h.engine_request)[:, :2].ravel().tolist() if h.held else [])
-            for h in state
+            (None, self._states.row(h)) if aligned and g in aligned
+            else (h.dropped, engine.ranges_array(h.engine_request)[:, :2].ravel().tolist() if h.held else [])
+            for g, h in enumerate(state)
         )
         return GroupBlocks(groups, self._table, self.block_pool)
 

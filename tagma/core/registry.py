@@ -75,7 +75,7 @@ spec_manager_map: dict[type[KVCacheSpec], dict[str, type[TagmaKVCacheManager]]] 
         BLOCK_OBJECTS: TagmaKVCacheManager,
     },
     # Also every configuration with several KV cache groups (MULTI_GROUP_SPEC). The group managers serve
-    # full-attention, sliding-window and (caching off) state groups and refuse the rest in one line.
+    # full-attention, sliding-window, chunked local and state groups and refuse the rest in one line.
     SlidingWindowSpec: {
         RANGES: GroupRangeKVCacheManager,
         PREFIX_INDEX: GroupPrefixKVCacheManager,

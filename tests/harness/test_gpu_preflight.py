@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from harness import gpu_preflight  # noqa: E402
-from tests.tagma.tiny_configs import HYBRID_MODEL, craft_model  # noqa: E402
+from tests.tagma.tiny_configs import MAMBA_MODEL, craft_model  # noqa: E402
 
 # Llama-3.1-8B's context and RoPE on the tiny model's shapes (no weights: nothing loads)
 LLAMA31_CONTEXT = {
@@ -65,14 +65,14 @@ def test_a_checkpoint_too_short_for_the_workload_fails_its_check(
 def test_a_checkpoint_tagma_refuses_fails_before_any_gpu(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # state layers (Jamba, no RoPE): refused with prefix caching on
-    hybrid = _checkpoint(tmp_path, "jamba", **HYBRID_MODEL, rope_scaling=None)
+    # an attention-free Mamba checkpoint (no KV cache for tagma to place): refused
+    hybrid = _checkpoint(tmp_path, "mamba", **MAMBA_MODEL, rope_scaling=None)
     monkeypatch.setattr(
         gpu_preflight, "check_workload", lambda m, w, o: (gpu_preflight.compose_gpu_run(m, w, o), [])
     )
     assert gpu_preflight.main([str(hybrid)]) == 1
     err = capsys.readouterr().err
-    refused = "tagma refuses this checkpoint: Mamba/hybrid models with prefix caching on"
+    refused = "tagma refuses this checkpoint: attention-free models (Mamba-style state, no KV cache)"
     assert refused in err
 
 

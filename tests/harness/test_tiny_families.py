@@ -59,10 +59,7 @@ VERDICTS = {
     "gpt-oss": ([], []),  # windows beside full attention: served with caching on or off
     "gemma3": ([], []),
     "mistral": ([], []),  # every layer slides: caching on keys the windows' blocks by content
-    "qwen3-next": ([], [
-        "Mamba/hybrid models with prefix caching on (state checkpoints, mamba_cache_mode='align'; tagma "
-        "serves them with --no-enable-prefix-caching)"
-    ]),
+    "qwen3-next": ([], []),  # GDN state layers beside full attention: caching on keeps state checkpoints
     "deepseek-v2": ([], []),  # dense MLA: served
     "llama4": ([], []),  # chunked local attention beside full attention: served with caching on or off
 }
@@ -119,11 +116,9 @@ def test_each_family_is_a_model_option_served_in_the_dtype_it_needs(name: str) -
 
     spec = server_spec(bench, bench.arms[1], Path("/tmp/run"))
     assert spec.dtype == FAMILIES[name].dtype
-    # tagma serves the state-layer family with prefix caching off (both arms run so); windows, beside full
-    # attention (gpt-oss, Gemma 3) or alone (Mistral), and chunked groups (Llama 4) run with vLLM's default,
-    # caching on
-    caching_off = name == "qwen3-next"
-    assert ("--no-enable-prefix-caching" in spec.extra_args) == caching_off
+    # every family runs with vLLM's default, caching on: windows beside full attention (gpt-oss, Gemma 3) or
+    # alone (Mistral), chunked groups (Llama 4) and state layers (Qwen3-Next: state checkpoints)
+    assert "--no-enable-prefix-caching" not in spec.extra_args
     assert server_spec(bench, bench.arms[0], Path("/tmp/run")).extra_args == spec.extra_args
 
 

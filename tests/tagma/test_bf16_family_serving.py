@@ -7,14 +7,16 @@ MLA is one KV cache group that the manager treats as full attention; what differ
 (``do_kv_cache_update`` of the MLA backend), which writes each token's latent through the slot mapping tagma
 computes from its ranges, and the decode kernel, which reads the block table tagma's rows materialize.
 Qwen3-Next gives two groups of equal page size (vLLM pads them: attention blocks of 640 tokens here, one state
-block of max_model_len tokens per request), served by tagma's group manager; its GDN layers read their state
-block from the state group's row. Cases:
+block of max_model_len tokens per request with caching off, state blocks of 640 tokens with caching on),
+served by tagma's group managers; its GDN layers read their state block from the state group's row. Cases:
 - ``mla-amx``: vLLM's default MLA backend on a CPU with AMX tiles (block 128; chunked prefill and prefix
   caching on): tagma's prefix-index manager; prompts share prefixes, so later requests hit the cache;
 - ``mla-reference``: the reference CPU MLA backend (``--attention-backend CPU_MLA``), whose kernel needs
   block 16, with prefix caching off (that backend has none): tagma's range manager;
-- ``gdn``: Qwen3-Next, prefix caching off (state checkpoints are refused), prefill in 512-token chunks, so
-  the state carries across chunks;
+- ``gdn``: Qwen3-Next, prefix caching off, prefill in 512-token chunks, so the state carries across chunks;
+- ``gdn-caching``: the same with prefix caching on (vLLM's mamba cache mode "align", tagma's group prefix
+  manager): states kept at block boundaries, a hit resumes from the cached state at the prompt's last
+  boundary (null blocks before it), the row's state blocks moving with the prefill;
 - ``chunked-local``: Llama 4, prefix caching off, chunk 256: a request releases its chunked group's blocks
   at each chunk boundary (one engine call), prefill in 512-token chunks crossing them;
 - ``chunked-local-caching``: the same with prefix caching on (tagma's group prefix manager): a hit needs
@@ -67,6 +69,8 @@ CASES = {
                           caching=False),
     "gdn": Case("qwen3-next", ("--max-num-batched-tokens", "512", "--no-enable-prefix-caching"),
                 caching=False),
+    # prefix caching on: state checkpoints (mode align) at the full group's prefix index
+    "gdn-caching": Case("qwen3-next", ("--max-num-batched-tokens", "512"), caching=True),
     # chunked local attention (chunk 256) beside full attention; prefill chunks of 512 cross its chunks
     "chunked-local": Case("llama4", ("--max-num-batched-tokens", "512", "--no-enable-prefix-caching"),
                           caching=False),

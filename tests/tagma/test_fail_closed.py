@@ -90,14 +90,21 @@ def test_mamba_attention_free(models: Path) -> None:
     assert refusal(model) == expect("attention-free models (Mamba-style state, no KV cache)")
 
 
-def test_hybrid_state_layers_are_served_with_prefix_caching_off(
+def test_hybrid_state_layers_are_served_with_prefix_caching_on_and_off(
     models: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Mamba state layers beside attention (Jamba): refused with caching on (vLLM's state checkpoints),
-    served with caching off by the group manager, refused if the block-object manager was asked for."""
+    """Mamba state layers beside attention (Jamba): served with caching on (vLLM's state checkpoints, mode
+    "align") and off by the group managers; speculative decoding beside them with caching on (speculative
+    state blocks) refused; refused if the block-object manager was asked for."""
     model = craft_model(models, "jamba", **HYBRID_MODEL)
-    assert refusal(model) == expect(HYBRID_WITH_CACHING)
-    config = engine_config(model, additional_config=dict(TAGMA), enable_prefix_caching=False)
+    for caching in (True, False):
+        config = engine_config(model, additional_config=dict(TAGMA), enable_prefix_caching=caching)
+        assert config.scheduler_config.scheduler_cls == "tagma.core.scheduler.TagmaScheduler"
+    ngram = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
+    assert refusal(model, speculative_config=ngram) == expect(HYBRID_SPECULATIVE_WITH_CACHING)
+    config = engine_config(
+        model, additional_config=dict(TAGMA), speculative_config=ngram, enable_prefix_caching=False
+    )
     assert config.scheduler_config.scheduler_cls == "tagma.core.scheduler.TagmaScheduler"
     monkeypatch.setenv(ENV_RANGE_MANAGER, "0")
     assert refusal(model, enable_prefix_caching=False) == expect(
@@ -149,9 +156,9 @@ def test_sliding_window_disabled_by_the_user_is_full_attention(models: Path) -> 
 
 
 CHUNKED = "chunked local attention (attention_chunk_size=256)"
-HYBRID_WITH_CACHING = (
-    "Mamba/hybrid models with prefix caching on (state checkpoints, mamba_cache_mode='align'; tagma serves "
-    "them with --no-enable-prefix-caching)"
+HYBRID_SPECULATIVE_WITH_CACHING = (
+    "speculative decoding beside state layers with prefix caching on (speculative state blocks; tagma serves "
+    "it with --no-enable-prefix-caching)"
 )
 
 
@@ -428,7 +435,7 @@ def test_paged_accepts_what_tagma_refuses() -> None:
 
 @pytest.mark.slow
 def test_server_exits_with_the_one_line_error_before_loading_the_model(models: Path) -> None:
-    model = craft_model(models, "jamba-server", **HYBRID_MODEL)  # no weights at all
+    model = craft_model(models, "mamba-server", drop=("num_attention_heads",), **MAMBA_MODEL)  # no weights
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     command = [sys.executable, "-m", "tagma.serve", str(model), "--kv-cache-backend", "tagma",
                "--dtype", "float32", "--host", "127.0.0.1", "--port", "8931"]
@@ -438,7 +445,7 @@ def test_server_exits_with_the_one_line_error_before_loading_the_model(models: P
     elapsed = time.monotonic() - started
     stderr_lines = [line for line in result.stderr.splitlines() if line.strip() and "nanobind" not in line]
     assert result.returncode != 0
-    assert stderr_lines[-1] == expect(HYBRID_WITH_CACHING)
+    assert stderr_lines[-1] == expect("attention-free models (Mamba-style state, no KV cache)")
     assert "Traceback" not in result.stderr
     assert "EngineCore" not in result.stderr + result.stdout  # no engine core process was started
     assert elapsed < 120, f"refusal took {elapsed:.0f} s"

@@ -24,6 +24,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from tagma.core.group_range_manager import GroupRangeKVCacheManager, GroupRangeRelease
 from tagma.core.registry import build_kv_cache_manager
+from tagma.core.state_checkpoints import CACHES_MODE_NONE
 from tagma.errors import TagmaUnsupported
 from tests.tagma.twin import BLOCK, make_config, manager_kwargs
 
@@ -392,12 +393,33 @@ def test_admission_cap_and_remaining_blocks_match_the_coordinator() -> None:
             assert counts[0] == counts[1], (cap, tokens)
 
 
-def test_prefix_caching_on_with_state_layers_is_refused_in_one_line() -> None:
-    """Caching on is served for windows beside one full-attention group and for windows alone
-    (tests/tagma/test_group_prefix_manager.py); with state layers (state checkpoints) it is refused."""
-    config = make_config(16, specs=LAYOUTS["qwen3-next"])
-    with pytest.raises(TagmaUnsupported, match="state layers with prefix caching on"):
-        build_kv_cache_manager(config, **manager_kwargs(enable_caching=True))
+def _aligned(**changes: Any) -> MambaSpec:
+    fields = {"block_size": BLOCK, "shapes": ((1,),), "dtypes": (torch.float32,), "mamba_cache_mode": "align"}
+    return MambaSpec(**{**fields, **changes})
+
+
+@pytest.mark.parametrize(
+    ("specs", "options", "refusal"),
+    [
+        ([_aligned(num_speculative_blocks=2), full()], {}, "speculative state blocks"),
+        ([_aligned(num_prefill_checkpoint_blocks=1), full()], {}, "state prefill checkpoint blocks"),
+        ([_aligned(), window(8)], {}, "state layers with prefix caching and no full-attention group"),
+        ([_aligned(), full()], {"use_eagle": True, "num_prefill_lookahead": 1}, "an EAGLE drafter beside"),
+        pytest.param(
+            [state(BLOCK), full()], {}, "state layers in mamba_cache_mode='none' with prefix caching",
+            marks=pytest.mark.skipif(CACHES_MODE_NONE, reason="vLLM 0.32's manager caches mode 'none' too"),
+        ),
+    ],
+    ids=["speculative-blocks", "prefill-checkpoints", "no-full-group", "eagle", "mode-none"],
+)
+def test_state_groups_with_caching_on_refuse_what_they_cannot_serve(
+    specs: list[KVCacheSpec], options: dict[str, Any], refusal: str
+) -> None:
+    """Caching on with state groups in mode "align" beside a full group is served
+    (tests/tagma/test_group_prefix_manager.py); the rest is refused in one line, by name."""
+    config = make_config(16, specs=specs)
+    with pytest.raises(TagmaUnsupported, match=refusal):
+        build_kv_cache_manager(config, **manager_kwargs(enable_caching=True, **options))
 
 
 def test_other_group_kinds_are_refused_by_name() -> None:
