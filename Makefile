@@ -49,7 +49,8 @@ test-vllm033: setup-vllm033 tiny-model
 	$(ENV033) TAGMA_CONFORMANCE_STOCK=recorded $(PY033) -m pytest -p no:cacheprovider tests/conformance
 	$(ENV033) $(PY033) -m pytest -p no:cacheprovider tests/tagma/test_plugin.py tests/tagma/test_fail_closed.py \
 		tests/tagma/test_prefix_manager_hash_contract.py tests/tagma/test_group_prefix_manager.py \
-		tests/harness/test_gpu_preflight.py tests/harness/test_tiny_families.py -m "not slow"
+		tests/tagma/test_group_range_manager.py tests/harness/test_gpu_preflight.py \
+		tests/harness/test_tiny_families.py -m "not slow"
 	$(ENV033) TRITON_INTERPRET=1 $(PY033) -m pytest -p no:cacheprovider tests/tagma/test_mrv2_block_tables.py \
 		tests/tagma/test_write_path_triton.py
 
