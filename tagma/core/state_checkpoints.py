@@ -93,7 +93,9 @@ class StateCheckpoints:
         if processed <= 0:
             return 0
         engine = self._m.engine
+        gt = self._m.group_time  # the in-server host time per group (None: off)
         for g in self.aligned:
+            t0 = gt.start() if gt is not None else 0
             held: StateHeld = state[g]
             first = (processed - 1) // self._m._block_sizes[g]
             positions = held.positions
@@ -106,6 +108,8 @@ class StateCheckpoints:
                 held.held -= k
                 held.dropped += k
                 freed += k
+            if gt is not None:
+                gt.stop(g, t0)
         return freed
 
     def append(self, held: StateHeld, g: int, main_tokens: int) -> tuple[int, list[int]]:
@@ -163,32 +167,49 @@ class StateCheckpoints:
         """vLLM's ``cache_blocks`` for the state groups over [start, full_blocks): each live block the mask
         keeps is inserted at the full group's node of its position and marked cached in this step."""
         m = self._m
+        gt = m.group_time
         marked: list[int] = []
         for g in self.groups:
-            held = state[g]
-            if not held.engine_request:
-                continue
-            first = held.dropped
-            positions = held.positions if isinstance(held, StateHeld) else range(first, first + held.held)
-            live = [(i, p) for i, p in enumerate(positions) if start <= p < full_blocks]
-            if not live:
-                continue
-            single = m._managers[g]
-            mask = MambaManager.reachable_block_mask(
-                start_block=start,
-                end_block=full_blocks,
-                alignment_tokens=m._bs,
-                kv_cache_spec=single.kv_cache_spec,
-                use_eagle=False,
-                retention_interval=retention,
-                reachable_boundaries=boundaries,
-            )
-            for i, p in live:
-                if mask is not None and not mask[p - start]:
-                    continue
+            t0 = gt.start() if gt is not None else 0
+            self._insert(state[g], g, full_request, start, full_blocks, boundaries, retention, marked)
+            if gt is not None:
+                gt.stop(g, t0)
+        self._mark(request, marked)
+
+    def _insert(
+        self,
+        held: Any,
+        g: int,
+        full_request: int,
+        start: int,
+        full_blocks: int,
+        boundaries: list[int],
+        retention: int | None,
+        marked: list[int],
+    ) -> None:
+        """One state group's part of :meth:`cache`: the positions it inserts are appended to ``marked``."""
+        m = self._m
+        if not held.engine_request:
+            return
+        first = held.dropped
+        positions = held.positions if isinstance(held, StateHeld) else range(first, first + held.held)
+        live = [(i, p) for i, p in enumerate(positions) if start <= p < full_blocks]
+        if not live:
+            return
+        single = m._managers[g]
+        mask = MambaManager.reachable_block_mask(
+            start_block=start,
+            end_block=full_blocks,
+            alignment_tokens=m._bs,
+            kv_cache_spec=single.kv_cache_spec,
+            use_eagle=False,
+            retention_interval=retention,
+            reachable_boundaries=boundaries,
+        )
+        for i, p in live:
+            if mask is None or mask[p - start]:
                 m.sides.insert(full_request, m._side[g], held.engine_request, p - i, p, p + 1)
                 marked.append(p)
-        self._mark(request, marked)
 
     def remark(self, request: Request, state: list[Any], full_blocks: int) -> None:
         """vLLM 0.32's ``_cache_partial_tail_block`` with block-aligned hashes: while the cached tokens
